@@ -1,0 +1,79 @@
+// Online softmax over key blocks, on (row, col) views of register fragments.
+//
+// Scores stay in the raw q·kᵀ scale; the softmax scale is folded into one
+// log2-domain constant so each probability costs one FFMA and one exp2:
+//   p = exp2(s · scale_log2 − m · scale_log2),  scale_log2 = softmax_scale · log2(e).
+// The output accumulator stays unnormalized; it is divided by the row sum once,
+// in finalize(). Row sums stay thread-local partials until then.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashtile/common/fragment.hpp"
+
+namespace flashtile {
+
+template <int kRows>
+struct OnlineSoftmax {
+  Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> row_max;  // (kRows)
+  Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> row_sum;  // (kRows)
+  float scale_log2;
+
+  CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
+    fill(row_max, -INFINITY);
+    fill(row_sum, 0.f);
+  }
+
+  // scores: (kRows, cols) view of this key block's S, masked entries = −inf.
+  // out:    (kRows, head_dim cols) view of the O accumulator.
+  // Updates the running max, rescales out and the running sums by
+  // exp2((m_old − m_new) · scale_log2), and overwrites scores with the
+  // unnormalized probabilities.
+  template <class Scores, class Out>
+  CUTE_DEVICE void update(Scores& scores, Out& out) {
+    static_assert(decltype(size<0>(scores))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float block_max = scores(r, 0);
+      CUTE_UNROLL
+      for (int c = 1; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
+      const float new_max = fmaxf(row_max(r), quad_allreduce(block_max, MaxOp{}));
+      // A row that has seen only masked keys keeps max = −inf; subtracting 0
+      // instead keeps its probabilities exp2(−inf) = 0 rather than NaN.
+      const float max_scaled = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+      // correction is exactly 1 when the max did not move, and 0 on a row's
+      // first visible block (exp2(−inf)). Skipping the multiply with a branch
+      // instead raised ptxas spills from 112 to 168 bytes (d64, sm_90a).
+      const float correction = fast_exp2(row_max(r) * scale_log2 - max_scaled);
+      row_max(r) = new_max;
+      row_sum(r) *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+      float block_sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        scores(r, c) = fast_exp2(scores(r, c) * scale_log2 - max_scaled);
+        block_sum += scores(r, c);
+      }
+      row_sum(r) += block_sum;
+    }
+  }
+
+  // Divides out by the row sums; returns each row's natural-log logsumexp of
+  // the scaled scores (−inf for a row that saw no key, whose out stays 0).
+  template <class Out>
+  CUTE_DEVICE auto finalize(Out& out, float softmax_scale) {
+    Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> lse;  // (kRows)
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_allreduce(row_sum(r), SumOp{});
+      const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
+      lse(r) = sum == 0.f ? -INFINITY : row_max(r) * softmax_scale + __logf(sum);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= inv_sum;
+    }
+    return lse;
+  }
+};
+
+}  // namespace flashtile

@@ -1,0 +1,43 @@
+// Argument structs the host passes to the kernels. Named fields only; strides
+// are in elements and 64-bit, so offsets stay exact past 2^31 elements.
+#pragma once
+
+#include <cstdint>
+
+namespace flashtile {
+
+enum class DType : int { kFp16 = 0, kBf16 = 1 };
+
+inline const char* dtype_name(DType t) { return t == DType::kFp16 ? "fp16" : "bf16"; }
+
+// Forward attention: out = softmax(q kᵀ · softmax_scale) v, per (batch, head).
+// Layout is flash_attn's: q/out (batch, seqlen_q, nheads, head_dim),
+// k/v (batch, seqlen_k, nheads_k, head_dim), last dim contiguous, any other
+// strides. lse is (batch, nheads, seqlen_q) fp32, contiguous.
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+
+  int batch = 0;
+  int nheads = 0;
+  int nheads_k = 0;  // nheads % nheads_k == 0 (MQA/GQA); K/V are never repeated
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int head_dim = 0;
+
+  float softmax_scale = 0.f;
+  // Causal mask aligned to the bottom-right corner (flash_attn >= 2.1):
+  // query row i sees key j iff j <= i + seqlen_k - seqlen_q.
+  bool causal = false;
+  DType dtype = DType::kBf16;
+};
+
+}  // namespace flashtile

@@ -1,0 +1,73 @@
+// The dispatch table: one entry per compiled instantiation, keyed by
+// (direction, arch, head dim, dtype). Each generated file in kernels/ adds its
+// launcher at static-initialization time; callers ask the table and turn a
+// miss into a "not built" error instead of guessing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "flashtile/params.hpp"
+#include "flashtile/status.hpp"
+
+namespace flashtile {
+
+enum class Direction : int { kFwd = 0 };
+// kSm80 is the mma.sync / cp.async path: it runs on sm80 and every newer arch.
+enum class Arch : int { kSm80 = 0 };
+
+inline const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "?"; }
+inline const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "?"; }
+
+struct KernelKey {
+  Direction direction;
+  Arch arch;
+  int head_dim;
+  DType dtype;
+
+  bool operator==(const KernelKey& o) const {
+    return direction == o.direction && arch == o.arch && head_dim == o.head_dim &&
+           dtype == o.dtype;
+  }
+};
+
+using FwdLauncher = Status (*)(const FwdParams&, cudaStream_t);
+
+class KernelRegistry {
+ public:
+  // Function-local static: safe to call from other translation units' static
+  // initializers, whatever order the linker put them in.
+  static KernelRegistry& instance() {
+    static KernelRegistry registry;
+    return registry;
+  }
+
+  bool add_fwd(KernelKey key, FwdLauncher launch) {
+    fwd_.push_back({key, launch});
+    return true;
+  }
+
+  FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype) const {
+    const KernelKey want{Direction::kFwd, arch, head_dim, dtype};
+    for (const FwdEntry& e : fwd_) {
+      if (e.key == want) return e.launch;
+    }
+    return nullptr;
+  }
+
+  std::vector<KernelKey> keys() const {
+    std::vector<KernelKey> out;
+    for (const FwdEntry& e : fwd_) out.push_back(e.key);
+    return out;
+  }
+
+ private:
+  struct FwdEntry {
+    KernelKey key;
+    FwdLauncher launch;
+  };
+  std::vector<FwdEntry> fwd_;
+};
+
+}  // namespace flashtile
