@@ -28,6 +28,15 @@ struct BlockMask {
     }
   }
 
+  // How many of the last visited key blocks may need masking: a query
+  // block's diagonal spans kBlockM columns, so at most ceil(kBlockM/kBlockN)+1
+  // key blocks (the +1 when seqlen_k − seqlen_q is not a multiple of kBlockN);
+  // without causal, only the partial block at seqlen_k. Every earlier block
+  // is fully visible.
+  CUTE_HOST_DEVICE static constexpr int n_masked_blocks() {
+    return kIsCausal ? ceil_div(kBlockM, kBlockN) + 1 : 1;
+  }
+
   // True when some (row, col) of this tile must be hidden: the tile straddles
   // seqlen_k or, for causal, reaches past the diagonal of its first row.
   CUTE_HOST_DEVICE bool needs_mask(int m_block, int n_block) const {

@@ -22,7 +22,7 @@ template <int kHeadDim>
 struct FwdConfig;
 template <>
 struct FwdConfig<64> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
 template <>
 struct FwdConfig<128> {
