@@ -1,0 +1,361 @@
+"""Argument validation for the public attention functions.
+
+Every check is a plain function that takes the caller's objects and raises;
+none of them needs the compiled extension or a GPU, so the CPU test suite can
+exercise all of them.
+
+Exception types
+---------------
+* ``TypeError``           -- an argument is not of the right Python type
+                             (a list where a tensor belongs, a string scale).
+* ``ValueError``          -- a tensor or number has the wrong properties
+                             (rank, dtype, shape, strides, device, range).
+* ``NotImplementedError`` -- a valid request for a feature flashtile does not
+                             have yet (dropout, sliding window, softcap, ALiBi).
+* ``KernelNotBuiltError`` -- (a ``RuntimeError``) the request is supported by
+                             flashtile, but this build was compiled without
+                             the kernel that serves it.
+
+Every message begins with the name of the offending argument and says what was
+expected and what was received, e.g. ``q must be on a CUDA device, got cpu``.
+
+Order of the checks
+-------------------
+1. options: types and ranges of the scalar arguments, then the features that
+   are not implemented yet;
+2. tensors: Python type, rank, dtype, shapes against each other, head dim
+   (supported, then built), memory layout (contiguous last dim, strides
+   aligned);
+3. device placement, last.
+
+One check reads data pointers and so runs at launch, inside the custom op:
+:func:`check_pointer_alignment`.
+
+Placement comes last on purpose: a tensor that is wrong in any other way gets
+the error that names that, whatever device it lives on, so the CPU suite can
+reach every check with CPU tensors, and a well-formed CPU tensor still fails
+(at step 3), so public behaviour always requires CUDA.
+
+Apart from that one, everything here reads only Python scalars and tensor
+metadata (shape, dtype, stride, device), never tensor data, so the checks run
+unchanged on fake tensors while ``torch.compile`` traces the public functions
+(``storage_offset()`` is left out for that reason: it breaks the graph).
+Containment tests compare with ``==`` against tuples (never hash a size), so
+symbolic sizes work too.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = [
+    "KernelNotBuiltError",
+    "SUPPORTED_HEAD_DIMS",
+    "DTYPE_NAMES",
+    "fwd_combos",
+    "check_options",
+    "check_softmax_scale",
+    "check_fwd_tensors",
+    "check_head_dim",
+    "check_layout",
+    "check_pointer_alignment",
+    "check_devices",
+    "check_qkvpacked",
+    "check_kvpacked",
+]
+
+
+class KernelNotBuiltError(RuntimeError):
+    """The combination is supported, but this build does not contain its kernel."""
+
+
+# Head dims the kernels are written for (independent of what a build contains).
+SUPPORTED_HEAD_DIMS = (64, 128)
+
+# torch dtype -> the name the extension's dispatch table uses.
+DTYPE_NAMES = ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
+
+# Elements per 16 bytes for 2-byte types: the kernels load global memory in
+# 16-byte vectors, so every row they address must start on a 16-byte boundary.
+_ALIGN_ELEMS = 8
+
+
+def _dtype_name(dtype: torch.dtype) -> str | None:
+    for dt, name in DTYPE_NAMES:
+        if dtype == dt:
+            return name
+    return None
+
+
+def _fmt_shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _fmt_stride(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.stride()) + ")"
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+# --------------------------------------------------------------------------
+# the dispatch table
+# --------------------------------------------------------------------------
+
+
+def fwd_combos(built_kernels) -> tuple[tuple[int, str], ...]:
+    """Reduce ``_C.built_kernels()`` to the sorted ``(head_dim, dtype_name)``
+    pairs that have a forward kernel for some architecture.
+
+    The architecture is chosen by the extension at launch; here we only need to
+    know whether a kernel exists at all.
+    """
+    combos = set()
+    for entry in built_kernels:
+        direction, _arch, head_dim, dtype_name = entry
+        if direction == "fwd":
+            combos.add((int(head_dim), str(dtype_name)))
+    return tuple(sorted(combos))
+
+
+# --------------------------------------------------------------------------
+# scalar options
+# --------------------------------------------------------------------------
+
+
+def check_softmax_scale(softmax_scale) -> None:
+    """``None`` (use head_dim ** -0.5) or a finite real number."""
+    if softmax_scale is None:
+        return
+    if not _is_real(softmax_scale):
+        raise TypeError(
+            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
+        )
+    if not (-math.inf < softmax_scale < math.inf):  # also false for NaN
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+
+
+def check_options(
+    *,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+) -> None:
+    """Validate the non-tensor arguments, then refuse features not built yet.
+
+    Types and ranges come first, so a malformed value is reported as such even
+    when it also asks for an unimplemented feature.
+    """
+    # -- types and ranges ------------------------------------------------
+    if not _is_real(dropout_p):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    check_softmax_scale(softmax_scale)
+    if isinstance(causal, torch.Tensor) or not isinstance(causal, (bool, numbers.Integral)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if isinstance(window_size, torch.Tensor) or not isinstance(window_size, (tuple, list)):
+        raise TypeError(
+            f"window_size must be a pair of ints (left, right), got {type(window_size).__name__}"
+        )
+    if len(window_size) != 2 or not all(
+        isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size
+    ):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    if not all(w >= -1 for w in window_size):
+        raise ValueError(
+            f"window_size entries must be >= -1 (-1 means unbounded), got {tuple(window_size)}"
+        )
+    if not _is_real(softcap):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not (0.0 <= softcap < math.inf):  # also false for NaN
+        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap}")
+    if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(
+            f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}"
+        )
+
+    # -- features that are not implemented yet ----------------------------
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            "dropout_p: dropout is not implemented in flashtile yet "
+            f"(got dropout_p={dropout_p}); pass 0.0"
+        )
+    if window_size[0] != -1 or window_size[1] != -1:
+        raise NotImplementedError(
+            "window_size: local (sliding-window) attention is not implemented in flashtile yet "
+            f"(got window_size={tuple(window_size)}); pass (-1, -1)"
+        )
+    if softcap != 0.0:
+        raise NotImplementedError(
+            "softcap: logit soft-capping is not implemented in flashtile yet "
+            f"(got softcap={softcap}); pass 0.0"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            "alibi_slopes: ALiBi is not implemented in flashtile yet; pass None"
+        )
+
+
+# --------------------------------------------------------------------------
+# tensors
+# --------------------------------------------------------------------------
+
+
+def _check_is_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q") -> None:
+    """Head dim must be one flashtile supports, and (head dim, dtype) must be
+    in this build's table (``fwd_built`` as returned by :func:`fwd_combos`)."""
+    if not any(head_dim == hd for hd in SUPPORTED_HEAD_DIMS):
+        supported = ", ".join(str(hd) for hd in SUPPORTED_HEAD_DIMS)
+        raise ValueError(
+            f"{name}: head dim {head_dim} is not supported; flashtile supports head dims {supported}"
+        )
+    dtype_name = _dtype_name(dtype)
+    if not any(head_dim == hd and dtype_name == dn for hd, dn in fwd_built):
+        built = ", ".join(f"hdim{hd}/{dn}" for hd, dn in fwd_built) or "none"
+        raise KernelNotBuiltError(
+            f"{name}: the forward kernel for head dim {head_dim} with dtype {dtype_name} "
+            f"is not built in this flashtile build (built: {built}); rebuild flashtile "
+            "with that combination enabled"
+        )
+
+
+def check_layout(t: torch.Tensor, name: str) -> None:
+    """Last dim contiguous; every other stride a multiple of 16 bytes.
+
+    The kernels move 16-byte vectors, and the extension refuses any other
+    layout; checking here gives the same answer before the launch. (Strides of
+    size-1 dims are checked too, as the extension does, though they never
+    address memory.) The start address is checked at launch by
+    :func:`check_pointer_alignment`: torch.compile cannot trace
+    ``storage_offset()`` without a graph break.
+    """
+    if t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must have a contiguous last dimension (stride(-1) == 1), "
+            f"got shape {_fmt_shape(t)} with strides {_fmt_stride(t)}; call .contiguous() first"
+        )
+    for dim in range(t.dim() - 1):
+        if t.stride(dim) % _ALIGN_ELEMS != 0:
+            raise ValueError(
+                f"{name} must have strides that are multiples of {_ALIGN_ELEMS} elements "
+                f"(16 bytes) except the last, got strides {_fmt_stride(t)}; call .contiguous() first"
+            )
+
+
+def check_pointer_alignment(tensors, names) -> None:
+    """Each tensor's first element on a 16-byte boundary (reads the data
+    pointer, so it runs at launch, outside tracing)."""
+    for t, name in zip(tensors, names):
+        if t.data_ptr() % 16 != 0:
+            raise ValueError(
+                f"{name} must start at a 16-byte aligned address, got {t.data_ptr():#x} "
+                f"(storage_offset {t.storage_offset()}); call .contiguous() first"
+            )
+
+
+def check_devices(tensors, names) -> None:
+    """Every tensor on a CUDA device, all on the first one's device."""
+    first, first_name = tensors[0], names[0]
+    for t, name in zip(tensors, names):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        if t.device != first.device:
+            raise ValueError(
+                f"{name} must be on the same device as {first_name} ({first.device}), got {t.device}"
+            )
+
+
+def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
+    """Validate q (b, sq, h, d), k and v (b, sk, h_k, d) for the forward.
+
+    ``fwd_built`` is the table from :func:`fwd_combos`. ``names`` are what the
+    messages call the three tensors (the packed functions pass "qkv"/"kv").
+    """
+    nq, nk, nv = names
+    for t, name in ((q, nq), (k, nk), (v, nv)):
+        _check_is_tensor(t, name)
+
+    for t, name, what in (
+        (q, nq, "(batch, seqlen_q, nheads, headdim)"),
+        (k, nk, "(batch, seqlen_k, nheads_k, headdim)"),
+        (v, nv, "(batch, seqlen_k, nheads_k, headdim)"),
+    ):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {what}, got {t.dim()}-D shape {_fmt_shape(t)}")
+
+    if _dtype_name(q.dtype) is None:
+        raise ValueError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
+    for t, name in ((k, nk), (v, nv)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have the same dtype as {nq} ({q.dtype}), got {t.dtype}")
+
+    batch, _seqlen_q, nheads, head_dim = q.shape
+    _, seqlen_k, nheads_k, _ = k.shape
+    for t, name in ((k, nk), (v, nv)):
+        if t.shape[0] != batch:
+            raise ValueError(
+                f"{name} must have the same batch size as {nq} ({batch}), got shape {_fmt_shape(t)}"
+            )
+        if t.shape[3] != head_dim:
+            raise ValueError(
+                f"{name} must have the same head dim as {nq} ({head_dim}), got shape {_fmt_shape(t)}"
+            )
+    if v.shape[1] != seqlen_k:
+        raise ValueError(
+            f"{nv} must have the same seqlen as {nk} ({seqlen_k}), got shape {_fmt_shape(v)}"
+        )
+    if v.shape[2] != nheads_k:
+        raise ValueError(
+            f"{nv} must have the same number of heads as {nk} ({nheads_k}), got shape {_fmt_shape(v)}"
+        )
+    if nheads_k == 0:
+        raise ValueError(f"{nk} must have at least one head, got shape {_fmt_shape(k)}")
+    if nheads % nheads_k != 0:
+        raise ValueError(
+            f"{nk}: nheads of {nq} ({nheads}) must be a multiple of nheads of {nk} ({nheads_k}), "
+            f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
+        )
+
+    check_head_dim(head_dim, q.dtype, fwd_built, name=nq)
+
+    for t, name in ((q, nq), (k, nk), (v, nv)):
+        check_layout(t, name)
+
+    check_devices((q, k, v), (nq, nk, nv))
+
+
+# --------------------------------------------------------------------------
+# packed inputs: only the packing itself is checked here; the unpacked views
+# then go through check_fwd_tensors under the packed tensor's name.
+# --------------------------------------------------------------------------
+
+
+def check_qkvpacked(qkv) -> None:
+    _check_is_tensor(qkv, "qkv")
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(
+            "qkv must be 5-D (batch, seqlen, 3, nheads, headdim), "
+            f"got {qkv.dim()}-D shape {_fmt_shape(qkv)}"
+        )
+
+
+def check_kvpacked(kv) -> None:
+    _check_is_tensor(kv, "kv")
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(
+            "kv must be 5-D (batch, seqlen_k, 2, nheads_k, headdim), "
+            f"got {kv.dim()}-D shape {_fmt_shape(kv)}"
+        )

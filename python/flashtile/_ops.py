@@ -1,0 +1,97 @@
+"""The torch.library custom op around the extension's forward.
+
+``flashtile::fwd(q, k, v, softmax_scale, causal) -> (out, lse)`` allocates its
+outputs, handles the empty cases without touching the extension, and otherwise
+launches ``_C.fwd`` on the inputs' device and torch's current stream there.
+Its fake (meta) implementation gives torch.compile the output shapes; its
+autograd registration refuses the backward until flashtile has one.
+
+Arguments are assumed validated (``_checks``); the op itself checks only what
+tracing cannot see: the device's compute capability and the data pointers'
+alignment.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    from . import _C
+except ImportError as exc:  # no fallback: say what is missing and how to get it
+    raise ImportError(
+        "flashtile: the compiled extension flashtile._C could not be imported; "
+        "build and install flashtile from source (pip install .), which needs CUDA"
+    ) from exc
+from ._checks import check_pointer_alignment
+
+# Read once: the extension's table cannot change while the process runs, and a
+# tuple of Python constants is something torch.compile can trace through.
+BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
+
+_MIN_CAPABILITY = (8, 0)  # the sm80 (mma.sync) path runs on Ampere and newer
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _check_device_capability(device: torch.device) -> None:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capability = _capability(index)
+    if capability < _MIN_CAPABILITY:
+        raise RuntimeError(
+            "flashtile needs a GPU of compute capability "
+            f"{_MIN_CAPABILITY[0]}.{_MIN_CAPABILITY[1]} or newer; q is on {device}, "
+            f"of compute capability {capability[0]}.{capability[1]}"
+        )
+
+
+def _empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seqlen_q, nheads, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, head_dim))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types="cuda")
+def fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _empty_outputs(q)
+    if out.numel() == 0:  # batch, seqlen_q or nheads is 0: nothing to compute
+        return out, lse
+    if k.shape[1] == 0:  # no keys: every row attends to nothing
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+
+    _check_device_capability(q.device)
+    check_pointer_alignment((q, k, v), ("q", "k", "v"))
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream)
+    return out, lse
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal):
+    return _empty_outputs(q)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    _out, lse = output
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError("flashtile: backward is not implemented yet")
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -1,0 +1,122 @@
+"""Public attention functions, call-compatible with flash_attn 2.x.
+
+Tensors use flash_attn's layout: q (batch, seqlen_q, nheads, headdim), k and v
+(batch, seqlen_k, nheads_k, headdim), with nheads a multiple of nheads_k
+(grouped-query / multi-query attention). Causal masking is aligned to the
+bottom-right corner of the (seqlen_q, seqlen_k) score matrix: query row i sees
+keys j <= i + seqlen_k - seqlen_q, and a row that sees no key gets output 0
+and logsumexp -inf.
+
+Arguments flashtile does not implement yet (dropout, sliding window, softcap,
+ALiBi) are accepted at their neutral values and raise NotImplementedError
+otherwise. ``deterministic`` only concerns a backward pass and is accepted.
+"""
+
+from __future__ import annotations
+
+from . import _checks
+from ._ops import BUILT_KERNELS, fwd as _fwd_op
+
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
+
+_FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
+
+
+def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs):
+    """Check the tensors (options are already checked) and run the op."""
+    _checks.check_fwd_tensors(q, k, v, _FWD_BUILT, names=names)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal))
+    if return_attn_probs:
+        # flash_attn returns the attention probabilities only when dropout is
+        # on; dropout is not implemented, so that slot is always None.
+        return out, lse, None
+    return out
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Attention over separate q, k and v.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
+        k: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
+        v: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
+        dropout_p: must be 0.0 (dropout is not implemented yet).
+        softmax_scale: scale of QK^T before the softmax; default headdim ** -0.5.
+        causal: bottom-right aligned causal mask.
+        window_size: must be (-1, -1) (local attention is not implemented yet).
+        softcap: must be 0.0 (soft-capping is not implemented yet).
+        alibi_slopes: must be None (ALiBi is not implemented yet).
+        deterministic: accepted for compatibility; only a backward would use it.
+        return_attn_probs: also return the logsumexp and None (see Returns).
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim) in q's dtype; with
+        return_attn_probs, the tuple (out, softmax_lse, None) where softmax_lse
+        is (batch, nheads, seqlen_q) float32, the logsumexp of each row of
+        scaled scores.
+    """
+    _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Self-attention over a packed qkv of shape (batch, seqlen, 3, nheads, headdim).
+
+    q, k and v are strided views of qkv (no copies). The other arguments and the
+    return value are as in :func:`flash_attn_func`.
+    """
+    _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    _checks.check_qkvpacked(qkv)
+    q, k, v = qkv.unbind(dim=2)
+    return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Attention with q (batch, seqlen_q, nheads, headdim) and a packed kv of
+    shape (batch, seqlen_k, 2, nheads_k, headdim).
+
+    k and v are strided views of kv (no copies). The other arguments and the
+    return value are as in :func:`flash_attn_func`.
+    """
+    _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    _checks.check_kvpacked(kv)
+    k, v = kv.unbind(dim=2)
+    return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, return_attn_probs)

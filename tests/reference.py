@@ -1,0 +1,129 @@
+"""Plain-PyTorch attention for the tests, and FlashAttention's error rule.
+
+``attention_ref`` is the ground truth when upcast (float32, or float64 for
+float64 inputs) and "PyTorch's own error" when run in the input's low-precision
+dtype. ``assert_close_fa_rule`` then asks that flashtile's error against the
+upcast reference be at most ``factor`` times PyTorch's low-precision error plus
+a small absolute slack.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
+    """Bottom-right aligned causal mask, True where a score is masked out.
+
+    Query row i sees key j iff j <= i + seqlen_k - seqlen_q, so the last query
+    row always sees every key and, when seqlen_q > seqlen_k, the first
+    seqlen_q - seqlen_k rows see none.
+    """
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return cols > rows + (seqlen_k - seqlen_q)
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
+    """softmax(q k^T * scale) v over (batch, seqlen, nheads, headdim) tensors.
+
+    k and v may have fewer heads than q (GQA/MQA): kv head j serves query heads
+    j * g ... (j + 1) * g - 1 with g = nheads // nheads_k, as in flash_attn.
+
+    upcast=True computes in float32 (float64 inputs stay float64) and returns
+    out in that dtype; upcast=False does the same math in the input dtype.
+
+    Returns (out (b, sq, h, d), lse (b, h, sq)); lse is the natural-log
+    logsumexp of each row of scaled, masked scores. A row that sees no key
+    (seqlen_k == 0, or causal with seqlen_q > seqlen_k) gets out 0, lse -inf.
+    """
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    assert v.shape == k.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ"
+    assert nheads % nheads_k == 0, f"nheads {nheads} not a multiple of nheads_k {nheads_k}"
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    if upcast:
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    else:
+        dtype = q.dtype
+
+    if seqlen_k == 0:
+        out = torch.zeros(batch, seqlen_q, nheads, head_dim, dtype=dtype, device=q.device)
+        lse = torch.full((batch, nheads, seqlen_q), float("-inf"), dtype=dtype, device=q.device)
+        return out, lse
+
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    group = nheads // nheads_k
+    if group > 1:
+        k = k.repeat_interleave(group, dim=2)
+        v = v.repeat_interleave(group, dim=2)
+
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale  # (b, h, sq, sk)
+    if causal:
+        scores = scores.masked_fill(causal_mask(seqlen_q, seqlen_k, q.device), float("-inf"))
+
+    row_max = scores.amax(dim=-1, keepdim=True)
+    # A fully masked row has max -inf; shift it by 0 so exp gives 0, not NaN.
+    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(dim=-1, keepdim=True)
+    lse = (row_max + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf for empty rows
+    p = p / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v)
+    return out, lse
+
+
+def assert_close_fa_rule(actual, ref, torch_lowp, name, factor=2.0, atol=1e-5):
+    """FlashAttention's bar: max|actual - ref| <= factor * max|torch_lowp - ref| + atol.
+
+    ``ref`` is the upcast reference, ``torch_lowp`` the same math done by
+    PyTorch in the low-precision dtype. Where ``ref`` is -inf (an lse row that
+    sees no key) ``actual`` must be exactly -inf; everywhere else it must be
+    finite. Elements where ``torch_lowp`` itself is not finite do not count
+    towards PyTorch's error.
+    """
+    assert actual.shape == ref.shape == torch_lowp.shape, (
+        f"{name}: shapes differ: actual {tuple(actual.shape)}, ref {tuple(ref.shape)}, "
+        f"torch_lowp {tuple(torch_lowp.shape)}"
+    )
+    if actual.numel() == 0:
+        return
+    actual = actual.detach().to(torch.float64)
+    ref = ref.detach().to(torch.float64)
+    torch_lowp = torch_lowp.detach().to(torch.float64)
+
+    assert not torch.isnan(ref).any() and not torch.isposinf(ref).any(), (
+        f"{name}: the reference itself holds NaN or +inf"
+    )
+    ref_neginf = torch.isneginf(ref)
+    n_nan = int(torch.isnan(actual).sum())
+    assert n_nan == 0, f"{name}: {n_nan} of {actual.numel()} elements are NaN"
+    wrong_inf = ref_neginf != torch.isneginf(actual)
+    if wrong_inf.any():
+        idx = tuple(int(i) for i in wrong_inf.nonzero()[0])
+        raise AssertionError(
+            f"{name}: {int(wrong_inf.sum())} elements disagree on -inf with the reference; "
+            f"first at {idx}: actual {actual[idx].item()}, ref {ref[idx].item()}"
+        )
+    n_posinf = int(torch.isposinf(actual).sum())
+    assert n_posinf == 0, f"{name}: {n_posinf} elements are +inf"
+
+    finite = ~ref_neginf
+    if not finite.any():
+        return
+    err = torch.where(finite, (actual - ref).abs(), torch.zeros_like(ref))
+    lowp_ok = finite & torch.isfinite(torch_lowp)
+    lowp_err = torch.where(lowp_ok, (torch_lowp - ref).abs(), torch.zeros_like(ref))
+    max_err = err.max().item()
+    max_lowp = lowp_err.max().item()
+    bound = factor * max_lowp + atol
+    if not max_err <= bound:
+        flat = int(err.argmax())
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+        raise AssertionError(
+            f"{name}: max |actual - ref| = {max_err:.3e} exceeds {factor} * max |torch_lowp - ref| "
+            f"({max_lowp:.3e}) + {atol:.1e} = {bound:.3e}; worst at {idx}: "
+            f"actual {actual[idx].item():.6g}, ref {ref[idx].item():.6g}, "
+            f"torch_lowp {torch_lowp[idx].item():.6g}"
+        )

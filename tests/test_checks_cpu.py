@@ -1,0 +1,528 @@
+"""CPU-only tests: argument validation, the reference, the dispatch table.
+
+Validation runs every check but the device one before looking at where a
+tensor lives, so CPU tensors reach all of them; fake CUDA tensors
+(FakeTensorMode needs no GPU) cover the device checks and the op's fake
+implementation.
+"""
+
+import contextlib
+import re
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import flashtile
+from flashtile import _C, _checks, _ops
+from flashtile._checks import KernelNotBuiltError
+from reference import assert_close_fa_rule, attention_ref, causal_mask
+
+FWD_BUILT = _checks.fwd_combos(_C.built_kernels())
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def built_config():
+    """A (head_dim, dtype) this build has, so that inputs reach the later checks."""
+    head_dim, dtype_name = FWD_BUILT[0]
+    return head_dim, DTYPES[dtype_name]
+
+
+def make_qkv(batch=2, seqlen_q=5, seqlen_k=7, nheads=4, nheads_k=2, head_dim=None, dtype=None,
+             device="cpu"):
+    built_hd, built_dt = built_config()
+    head_dim = built_hd if head_dim is None else head_dim
+    dtype = built_dt if dtype is None else dtype
+    q = torch.randn(batch, seqlen_q, nheads, head_dim, device=device).to(dtype)
+    k = torch.randn(batch, seqlen_k, nheads_k, head_dim, device=device).to(dtype)
+    v = torch.randn(batch, seqlen_k, nheads_k, head_dim, device=device).to(dtype)
+    return q, k, v
+
+
+@contextlib.contextmanager
+def raises(exc, *fragments):
+    """pytest.raises for ``exc`` whose message contains every fragment."""
+    with pytest.raises(exc) as info:
+        yield info
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in the message {message!r}"
+
+
+# --------------------------------------------------------------------------
+# the dispatch table
+# --------------------------------------------------------------------------
+
+
+def test_built_kernels_well_formed():
+    table = _C.built_kernels()
+    assert isinstance(table, list) and len(table) > 0, f"built_kernels() is empty: {table!r}"
+    for entry in table:
+        assert isinstance(entry, tuple) and len(entry) == 4, f"bad entry {entry!r}"
+        direction, arch, head_dim, dtype_name = entry
+        assert direction in ("fwd", "bwd"), entry
+        assert isinstance(arch, str) and re.fullmatch(r"sm\d+[a-z]?", arch), entry
+        assert isinstance(head_dim, int) and head_dim in _checks.SUPPORTED_HEAD_DIMS, entry
+        assert dtype_name in DTYPES, entry
+    assert len(set(table)) == len(table), f"duplicate entries in {table!r}"
+    assert FWD_BUILT, f"no forward kernel in {table!r}"
+    assert _ops.BUILT_KERNELS == tuple(table)
+
+
+def test_fwd_combos_reduces_table():
+    table = [("fwd", "sm80", 128, "fp16"), ("fwd", "sm90", 128, "fp16"),
+             ("bwd", "sm80", 64, "bf16"), ("fwd", "sm80", 64, "bf16")]
+    assert _checks.fwd_combos(table) == ((64, "bf16"), (128, "fp16"))
+
+
+def test_unbuilt_combination_is_reported_as_not_built():
+    missing = [(hd, dn) for hd in _checks.SUPPORTED_HEAD_DIMS for dn in DTYPES
+               if (hd, dn) not in FWD_BUILT]
+    if not missing:
+        pytest.skip("this build has every supported (head dim, dtype) forward kernel")
+    head_dim, dtype_name = missing[0]
+    q, k, v = make_qkv(head_dim=head_dim, dtype=DTYPES[dtype_name])
+    with raises(KernelNotBuiltError, "q:", f"head dim {head_dim}", dtype_name,
+                "not built in this flashtile build"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+def test_check_head_dim_with_synthetic_tables():
+    table = ((64, "bf16"),)
+    _checks.check_head_dim(64, torch.bfloat16, table)
+    with raises(KernelNotBuiltError, "head dim 128", "fp16", "not built", "hdim64/bf16"):
+        _checks.check_head_dim(128, torch.float16, table)
+    with raises(KernelNotBuiltError, "head dim 64", "fp16", "not built"):
+        _checks.check_head_dim(64, torch.float16, table)
+    with raises(KernelNotBuiltError, "built: none"):
+        _checks.check_head_dim(64, torch.float16, ())
+    # Unsupported is its own error, whatever the table holds.
+    with raises(ValueError, "q: head dim 96 is not supported", "64, 128"):
+        _checks.check_head_dim(96, torch.float16, ((96, "fp16"),))
+    assert not issubclass(KernelNotBuiltError, ValueError)
+
+
+# --------------------------------------------------------------------------
+# options
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, fragments",
+    [
+        ({"dropout_p": 0.1}, NotImplementedError, ["dropout_p", "not implemented"]),
+        ({"dropout_p": -0.1}, ValueError, ["dropout_p", "[0, 1)", "-0.1"]),
+        ({"dropout_p": 1.0}, ValueError, ["dropout_p", "[0, 1)"]),
+        ({"dropout_p": "0.1"}, TypeError, ["dropout_p", "str"]),
+        ({"window_size": (4, 0)}, NotImplementedError, ["window_size", "(4, 0)", "not implemented"]),
+        ({"window_size": (-1, 0)}, NotImplementedError, ["window_size", "(-1, 0)"]),
+        ({"window_size": [8, 8]}, NotImplementedError, ["window_size"]),
+        ({"window_size": (-2, -1)}, ValueError, ["window_size", ">= -1"]),
+        ({"window_size": (1, 2, 3)}, TypeError, ["window_size", "pair"]),
+        ({"window_size": 4}, TypeError, ["window_size", "pair"]),
+        ({"window_size": (1.0, 2.0)}, TypeError, ["window_size", "pair"]),
+        ({"softcap": 30.0}, NotImplementedError, ["softcap", "not implemented"]),
+        ({"softcap": -1.0}, ValueError, ["softcap", ">= 0"]),
+        ({"softcap": float("nan")}, ValueError, ["softcap"]),
+        ({"softcap": None}, TypeError, ["softcap", "NoneType"]),
+        ({"alibi_slopes": torch.ones(4)}, NotImplementedError, ["alibi_slopes", "not implemented"]),
+        ({"alibi_slopes": [1.0]}, TypeError, ["alibi_slopes", "list"]),
+        ({"softmax_scale": "0.1"}, TypeError, ["softmax_scale", "str"]),
+        ({"softmax_scale": torch.tensor(0.1)}, TypeError, ["softmax_scale", "Tensor"]),
+        ({"softmax_scale": float("inf")}, ValueError, ["softmax_scale", "finite"]),
+        ({"softmax_scale": float("nan")}, ValueError, ["softmax_scale", "finite"]),
+        ({"causal": "yes"}, TypeError, ["causal", "bool"]),
+        ({"causal": torch.tensor(True)}, TypeError, ["causal", "bool"]),
+    ],
+)
+def test_options_rejected(kwargs, exc, fragments):
+    q, k, v = make_qkv()
+    with raises(exc, *fragments):
+        flashtile.flash_attn_func(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("func", ["qkvpacked", "kvpacked"])
+def test_options_rejected_by_packed_functions(func):
+    q, k, v = make_qkv(seqlen_k=5, nheads_k=4)
+    for kwargs, exc in (({"dropout_p": 0.5}, NotImplementedError),
+                        ({"window_size": (2, 2)}, NotImplementedError),
+                        ({"softcap": 5.0}, NotImplementedError),
+                        ({"alibi_slopes": torch.ones(4)}, NotImplementedError),
+                        ({"dropout_p": 2.0}, ValueError)):
+        name = next(iter(kwargs))
+        with raises(exc, name):
+            if func == "qkvpacked":
+                flashtile.flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2), **kwargs)
+            else:
+                flashtile.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"dropout_p": 0.0, "softmax_scale": 0.3, "causal": True, "window_size": [-1, -1],
+          "softcap": 0.0, "alibi_slopes": None, "deterministic": True, "return_attn_probs": True},
+     {"softmax_scale": 1, "causal": 1, "dropout_p": 0}],
+)
+def test_neutral_options_pass_to_device_check(kwargs):
+    """Neutral values of every option are accepted: the call gets as far as
+    the device check, which is the last one."""
+    q, k, v = make_qkv()
+    with raises(ValueError, "q must be on a CUDA device, got cpu"):
+        flashtile.flash_attn_func(q, k, v, **kwargs)
+
+
+def test_options_are_checked_before_tensors():
+    with raises(NotImplementedError, "dropout_p"):
+        flashtile.flash_attn_func([1], [2], [3], dropout_p=0.5)
+
+
+# --------------------------------------------------------------------------
+# tensors
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_non_tensor_rejected(which):
+    args = dict(zip("qkv", make_qkv()))
+    args[which] = args[which].tolist()
+    with raises(TypeError, f"{which} must be a torch.Tensor, got list"):
+        flashtile.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_wrong_rank_rejected(which):
+    args = dict(zip("qkv", make_qkv()))
+    args[which] = args[which].flatten(2)
+    with raises(ValueError, f"{which} must be 4-D", "got 3-D"):
+        flashtile.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8, torch.float8_e4m3fn])
+def test_unsupported_dtype_rejected(dtype):
+    q, k, v = make_qkv()
+    with raises(ValueError, "q must be float16 or bfloat16", str(dtype)):
+        flashtile.flash_attn_func(q.to(dtype), k.to(dtype), v.to(dtype))
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_mixed_dtypes_rejected(which):
+    args = dict(zip("qkv", make_qkv()))
+    other = torch.float16 if args["q"].dtype == torch.bfloat16 else torch.bfloat16
+    args[which] = args[which].to(other)
+    with raises(ValueError, f"{which} must have the same dtype as q", str(other)):
+        flashtile.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+@pytest.mark.parametrize(
+    "which, shape_change, fragments",
+    [
+        ("k", dict(batch=3), ["k must have the same batch size as q (2)"]),
+        ("v", dict(batch=3), ["v must have the same batch size as q (2)"]),
+        ("k", dict(head_dim=16), ["k must have the same head dim as q"]),
+        ("v", dict(head_dim=16), ["v must have the same head dim as q"]),
+        ("v", dict(seqlen_k=8), ["v must have the same seqlen as k (7)"]),
+        ("v", dict(nheads_k=1), ["v must have the same number of heads as k (2)"]),
+    ],
+)
+def test_mismatched_shapes_rejected(which, shape_change, fragments):
+    q, k, v = make_qkv()
+    dims = dict(batch=2, seqlen_k=7, nheads_k=2, head_dim=q.shape[-1])
+    dims.update(shape_change)
+    bad = torch.randn(dims["batch"], dims["seqlen_k"], dims["nheads_k"], dims["head_dim"]).to(q.dtype)
+    args = {"q": q, "k": k, "v": v, which: bad}
+    with raises(ValueError, *fragments):
+        flashtile.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+@pytest.mark.parametrize("nheads, nheads_k", [(6, 4), (3, 2), (4, 8)])
+def test_nheads_not_multiple_rejected(nheads, nheads_k):
+    q, k, v = make_qkv(nheads=nheads, nheads_k=nheads_k)
+    with raises(ValueError, f"nheads of q ({nheads}) must be a multiple of nheads of k ({nheads_k})"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+def test_zero_kv_heads_rejected():
+    q, k, v = make_qkv(nheads=4, nheads_k=0)
+    with raises(ValueError, "k must have at least one head"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 256, 63, 8])
+def test_unsupported_head_dim_rejected(head_dim):
+    _, dtype = built_config()
+    q, k, v = make_qkv(head_dim=head_dim, dtype=dtype)
+    with raises(ValueError, f"q: head dim {head_dim} is not supported", "64, 128"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_non_contiguous_last_dim_rejected(which):
+    q, k, v = make_qkv()
+    args = {"q": q, "k": k, "v": v}
+    t = args[which]
+    args[which] = t.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, stride(-1) != 1
+    assert args[which].stride(-1) != 1
+    with raises(ValueError, f"{which} must have a contiguous last dimension", "stride(-1) == 1"):
+        flashtile.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_misaligned_strides_rejected(which):
+    q, k, v = make_qkv()
+    args = {"q": q, "k": k, "v": v}
+    t = args[which]
+    padded = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype)
+    padded[..., : t.shape[-1]] = t
+    args[which] = padded[..., : t.shape[-1]]  # row stride d + 1: rows not 16-byte aligned
+    with raises(ValueError, f"{which} must have strides that are multiples of 8 elements"):
+        flashtile.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+def test_strided_views_with_aligned_strides_pass_to_device_check():
+    """Slices along heads, transposed storage and packed views are accepted
+    (the call gets as far as the device check)."""
+    head_dim, dtype = built_config()
+    big = torch.randn(2, 5, 8, head_dim).to(dtype)
+    q = big[:, :, 3:7]                                                    # sliced heads
+    k = torch.randn(2, 2, 7, head_dim).to(dtype).transpose(1, 2)          # (b, h, s, d) storage
+    v = torch.randn(2, 7, 2, 2, head_dim).to(dtype).unbind(2)[1]          # from a packed kv
+    with raises(ValueError, "must be on a CUDA device"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+def test_size_one_dims_strides_are_checked_too():
+    """As in the extension, which refuses them at launch."""
+    q, k, v = make_qkv(batch=1)
+    q = q.as_strided(q.shape, (12345, *q.stride()[1:]))
+    with raises(ValueError, "q must have strides that are multiples of 8 elements", "12345"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+def test_pointer_alignment_check():
+    head_dim, dtype = built_config()
+    flat = torch.randn(2 * 5 * 4 * head_dim + 8).to(dtype)
+    aligned = flat[8:].view(2, 5, 4, head_dim)
+    _checks.check_pointer_alignment((aligned,), ("q",))
+    misaligned = flat[1 : 1 + 2 * 5 * 4 * head_dim].view(2, 5, 4, head_dim)
+    with raises(ValueError, "q must start at a 16-byte aligned address", "storage_offset 1"):
+        _checks.check_pointer_alignment((misaligned,), ("q",))
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_cpu_tensor_rejected(which):
+    """One CPU tensor among (fake) CUDA ones is named."""
+    with FakeTensorMode():
+        args = dict(zip("qkv", make_qkv(device="cuda")))
+    args[which] = make_qkv()["qkv".index(which)]
+    with raises(ValueError, f"{which} must be on a CUDA device, got cpu"):
+        _checks.check_fwd_tensors(args["q"], args["k"], args["v"], FWD_BUILT)
+
+
+def test_mixed_cuda_devices_rejected():
+    # check_devices reads only ``.device``; stand-ins avoid fake cuda:1
+    # tensors, which need a real cuda:1 whenever a GPU is present.
+    on = lambda device: types.SimpleNamespace(device=torch.device(device))
+    _checks.check_devices((on("cuda:1"), on("cuda:1"), on("cuda:1")), ("q", "k", "v"))
+    with raises(ValueError, "v must be on the same device as q (cuda:0), got cuda:1"):
+        _checks.check_devices((on("cuda:0"), on("cuda:0"), on("cuda:1")), ("q", "k", "v"))
+    with raises(ValueError, "kv must be on the same device as q (cuda:1), got cuda:0"):
+        _checks.check_devices((on("cuda:1"), on("cuda:0"), on("cuda:0")), ("q", "kv", "kv"))
+
+
+def test_checks_read_metadata_only():
+    """Meta tensors have no data: every check but placement passes on them."""
+    q, k, v = make_qkv(device="meta")
+    with raises(ValueError, "q must be on a CUDA device, got meta"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+# --------------------------------------------------------------------------
+# packed inputs
+# --------------------------------------------------------------------------
+
+
+def test_qkvpacked_rejections():
+    q, k, v = make_qkv(seqlen_k=5, nheads_k=4)
+    qkv = torch.stack([q, k, v], dim=2)
+    with raises(TypeError, "qkv must be a torch.Tensor"):
+        flashtile.flash_attn_qkvpacked_func((q, k, v))
+    with raises(ValueError, "qkv must be 5-D (batch, seqlen, 3, nheads, headdim)", "4-D"):
+        flashtile.flash_attn_qkvpacked_func(q)
+    with raises(ValueError, "qkv must be 5-D", "(2, 5, 2,"):
+        flashtile.flash_attn_qkvpacked_func(qkv[:, :, :2])
+    with raises(ValueError, "qkv must be float16 or bfloat16"):
+        flashtile.flash_attn_qkvpacked_func(qkv.float())
+    with raises(ValueError, "qkv: head dim 96 is not supported"):
+        flashtile.flash_attn_qkvpacked_func(torch.randn(2, 5, 3, 4, 96).to(q.dtype))
+    with raises(ValueError, "qkv must be on a CUDA device, got cpu"):
+        flashtile.flash_attn_qkvpacked_func(qkv)
+
+
+def test_kvpacked_rejections():
+    q, k, v = make_qkv()
+    kv = torch.stack([k, v], dim=2)
+    with raises(TypeError, "kv must be a torch.Tensor"):
+        flashtile.flash_attn_kvpacked_func(q, (k, v))
+    with raises(ValueError, "kv must be 5-D (batch, seqlen_k, 2, nheads_k, headdim)", "3-D"):
+        flashtile.flash_attn_kvpacked_func(q, kv.flatten(2))
+    with raises(ValueError, "kv must be 5-D", "(2, 7, 3,"):
+        flashtile.flash_attn_kvpacked_func(q, torch.cat([kv, kv[:, :, :1]], dim=2))
+    with raises(ValueError, "kv must have the same batch size as q"):
+        flashtile.flash_attn_kvpacked_func(q, kv[:1])
+    with raises(ValueError, "nheads of q (4) must be a multiple of nheads of kv (3)"):
+        flashtile.flash_attn_kvpacked_func(q, torch.randn(2, 7, 2, 3, q.shape[-1]).to(q.dtype))
+    with raises(ValueError, "q must be on a CUDA device, got cpu"):
+        flashtile.flash_attn_kvpacked_func(q, kv)
+
+
+# --------------------------------------------------------------------------
+# the op's fake implementation and the public functions' shapes, on fake CUDA
+# tensors (no GPU needed)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k",
+                         [(3, 17, 113), (1, 1, 1), (0, 5, 7), (2, 0, 7), (2, 5, 0)])
+def test_fake_outputs_have_flash_attn_shapes(batch, seqlen_q, seqlen_k):
+    with FakeTensorMode():
+        q, k, v = make_qkv(batch, seqlen_q, seqlen_k, nheads=8, nheads_k=2, device="cuda")
+        out, lse, probs = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+        assert out.is_contiguous()
+        assert lse.shape == (batch, 8, seqlen_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+        assert probs is None
+        out2 = flashtile.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2))
+        assert out2.shape == q.shape
+
+
+def test_fake_qkvpacked_shapes():
+    with FakeTensorMode():
+        qkv = torch.randn(2, 9, 3, 4, built_config()[0], device="cuda").to(built_config()[1])
+        out = flashtile.flash_attn_qkvpacked_func(qkv)
+        assert out.shape == (2, 9, 4, qkv.shape[-1]) and out.dtype == qkv.dtype
+
+
+# --------------------------------------------------------------------------
+# the reference itself
+# --------------------------------------------------------------------------
+
+
+def sdpa64(q, k, v, scale, **kwargs):
+    """SDPA in float64 on (b, s, h, d) tensors."""
+    t = lambda x: x.to(torch.float64).transpose(1, 2)
+    return F.scaled_dot_product_attention(t(q), t(k), t(v), scale=scale, **kwargs).transpose(1, 2)
+
+
+def lse64(q, k, scale, keep=None):
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 1), (17, 17), (17, 113), (113, 17)])
+def test_reference_matches_sdpa_noncausal(seqlen_q, seqlen_k):
+    q, k, v = (torch.randn(2, s, 3, 32, dtype=torch.float64) for s in (seqlen_q, seqlen_k, seqlen_k))
+    out, lse = attention_ref(q, k, v, softmax_scale=0.3)
+    assert out.dtype == torch.float64 and lse.shape == (2, 3, seqlen_q)
+    torch.testing.assert_close(out, sdpa64(q, k, v, 0.3), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse64(q, k, 0.3), rtol=1e-12, atol=1e-12)
+
+
+def test_reference_matches_sdpa_causal_square():
+    q, k, v = (torch.randn(2, 33, 3, 16, dtype=torch.float64) for _ in range(3))
+    out, lse = attention_ref(q, k, v, causal=True)
+    torch.testing.assert_close(out, sdpa64(q, k, v, 16 ** -0.5, is_causal=True), rtol=1e-12, atol=1e-12)
+    keep = torch.ones(33, 33, dtype=torch.bool).tril()
+    torch.testing.assert_close(lse, lse64(q, k, 16 ** -0.5, keep), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (9, 5), (1, 7), (7, 1), (3, 3)])
+def test_reference_causal_is_bottom_right_aligned(seqlen_q, seqlen_k):
+    q = torch.randn(1, seqlen_q, 2, 8, dtype=torch.float64)
+    k, v = (torch.randn(1, seqlen_k, 2, 8, dtype=torch.float64) for _ in range(2))
+    # Hand-built: the last query row lines up with the last key.
+    keep = torch.zeros(seqlen_q, seqlen_k, dtype=torch.bool)
+    for i in range(seqlen_q):
+        for j in range(seqlen_k):
+            keep[i, j] = (seqlen_q - 1 - i) <= (seqlen_k - 1 - j)
+    assert torch.equal(~keep, causal_mask(seqlen_q, seqlen_k))
+
+    out, lse = attention_ref(q, k, v, causal=True)
+    seen = keep.any(dim=1)  # rows that see at least one key
+    expected = sdpa64(q, k, v, 8 ** -0.5, attn_mask=keep)
+    torch.testing.assert_close(out[:, seen], expected[:, seen], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse[:, :, seen], lse64(q, k, 8 ** -0.5, keep)[:, :, seen],
+                               rtol=1e-12, atol=1e-12)
+    assert torch.equal(out[:, ~seen], torch.zeros_like(out[:, ~seen]))
+    assert torch.isneginf(lse[:, :, ~seen]).all()
+    assert int((~seen).sum()) == max(seqlen_q - seqlen_k, 0)
+
+
+@pytest.mark.parametrize("nheads, nheads_k", [(8, 2), (8, 1), (6, 6)])
+def test_reference_gqa_matches_per_head_sdpa(nheads, nheads_k):
+    q = torch.randn(2, 11, nheads, 16, dtype=torch.float64)
+    k, v = (torch.randn(2, 13, nheads_k, 16, dtype=torch.float64) for _ in range(2))
+    out, _ = attention_ref(q, k, v, causal=True)
+    group = nheads // nheads_k
+    keep = ~causal_mask(11, 13)
+    for h in range(nheads):
+        kv_head = h // group
+        one = lambda t, i: t[:, :, i : i + 1]
+        expected = sdpa64(one(q, h), one(k, kv_head), one(v, kv_head), 16 ** -0.5, attn_mask=keep)
+        torch.testing.assert_close(out[:, :, h : h + 1], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_no_keys():
+    q = torch.randn(2, 4, 3, 8)
+    k = v = torch.randn(2, 0, 3, 8)
+    out, lse = attention_ref(q, k, v)
+    assert torch.equal(out, torch.zeros(2, 4, 3, 8)) and torch.isneginf(lse).all()
+    assert lse.shape == (2, 3, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_low_precision_path(dtype):
+    q, k, v = (torch.randn(1, 37, 2, 32).to(dtype) for _ in range(3))
+    out, lse = attention_ref(q, k, v, causal=True, upcast=False)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=True)
+    assert out.dtype == dtype and ref_out.dtype == torch.float32 and ref_lse.dtype == torch.float32
+    err = (out.float() - ref_out).abs().max().item()
+    assert 0 < err < 5e-2, err  # does low-precision math, but the same math
+    torch.testing.assert_close(lse.float(), ref_lse, rtol=2e-2, atol=2e-2)
+
+
+# --------------------------------------------------------------------------
+# the FlashAttention error rule
+# --------------------------------------------------------------------------
+
+
+def test_fa_rule_accepts_and_rejects():
+    ref = torch.randn(4, 5, dtype=torch.float64)
+    lowp = ref + 1e-3
+    assert_close_fa_rule(ref + 1.9e-3, ref, lowp, "out", atol=0.0)
+    assert_close_fa_rule(ref + 2.05e-3, ref, lowp, "out", atol=1e-4)
+    with pytest.raises(AssertionError, match=r"out: max \|actual - ref\| = 2\.1\d*e-03 exceeds 2\.0"):
+        assert_close_fa_rule(ref + 2.1e-3, ref, lowp, "out", atol=0.0)
+    with pytest.raises(AssertionError, match="dq: 1 of 20 elements are NaN"):
+        bad = ref.clone()
+        bad[1, 2] = float("nan")
+        assert_close_fa_rule(bad, ref, lowp, "dq")
+
+
+def test_fa_rule_handles_neg_inf_lse():
+    ref = torch.randn(2, 3, 4)
+    ref[0, 1, :] = float("-inf")
+    lowp = ref + 1e-3
+    assert_close_fa_rule(ref.clone(), ref, lowp, "lse", atol=0.0)
+    finite_where_inf = ref.clone()
+    finite_where_inf[0, 1, 2] = 0.0
+    with pytest.raises(AssertionError,
+                       match=r"lse: 1 elements disagree on -inf .* first at \(0, 1, 2\)"):
+        assert_close_fa_rule(finite_where_inf, ref, lowp, "lse")
+    inf_where_finite = ref.clone()
+    inf_where_finite[1, 0, 0] = float("-inf")
+    with pytest.raises(AssertionError, match="lse: 1 elements disagree on -inf"):
+        assert_close_fa_rule(inf_where_finite, ref, lowp, "lse")

@@ -1,0 +1,351 @@
+"""GPU tests of the forward against the float32 reference (FlashAttention's rule).
+
+The parametrizations cover rather than multiply: every seqlen pair for one
+configuration, every (dtype, head dim, head grouping) on one medium size, and
+single tests for batch 7, layouts, packing, streams and torch.compile.
+Combinations missing from this build's kernel table are skipped with a reason.
+"""
+
+import types
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import flashtile
+from flashtile import _C, _checks, _ops
+from reference import assert_close_fa_rule, attention_ref
+
+FWD_BUILT = _checks.fwd_combos(_C.built_kernels())
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def require_built(head_dim, dtype):
+    if (head_dim, DTYPE_NAMES[dtype]) not in FWD_BUILT:
+        pytest.skip(f"forward hdim{head_dim}/{DTYPE_NAMES[dtype]} is not in this build "
+                    f"(built: {FWD_BUILT})")
+
+
+def default_config():
+    """One built (head_dim, dtype) for the tests that sweep something else."""
+    for head_dim, name in ((128, "bf16"), (64, "bf16"), (128, "fp16"), (64, "fp16")):
+        if (head_dim, name) in FWD_BUILT:
+            return head_dim, DTYPES[name]
+    pytest.skip(f"no supported forward kernel in this build (built: {FWD_BUILT})")
+
+
+def rand_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, device="cuda"):
+    q = torch.randn(batch, seqlen_q, nheads, head_dim, device=device, dtype=dtype)
+    k = torch.randn(batch, seqlen_k, nheads_k, head_dim, device=device, dtype=dtype)
+    v = torch.randn(batch, seqlen_k, nheads_k, head_dim, device=device, dtype=dtype)
+    return q, k, v
+
+
+def check_against_reference(q, k, v, out, lse, causal, softmax_scale=None):
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    pt_out, pt_lse = attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, upcast=False)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    assert_close_fa_rule(out, ref_out, pt_out, "out")
+    assert_close_fa_rule(lse, ref_lse, pt_lse, "lse")
+
+
+def run_and_check(q, k, v, causal, softmax_scale=None):
+    out, lse, probs = flashtile.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                                return_attn_probs=True)
+    assert probs is None
+    check_against_reference(q, k, v, out, lse, causal, softmax_scale)
+    return out, lse
+
+
+# --------------------------------------------------------------------------
+# numerics
+# --------------------------------------------------------------------------
+
+SEQLEN_PAIRS = [(1, 1), (1, 17), (17, 1), (17, 113), (113, 17), (113, 1023), (1023, 113),
+                (1023, 2049), (2049, 1023), (1, 2049), (2049, 1), (2049, 2049)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
+def test_seqlens(seqlen_q, seqlen_k, causal):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("nheads, nheads_k", [(4, 4), (8, 2), (16, 2), (8, 1)],
+                         ids=["mha", "gqa4", "gqa8", "mqa"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_dtype_headdim_grouping(dtype, head_dim, nheads, nheads_k, causal):
+    require_built(head_dim, dtype)
+    q, k, v = rand_qkv(2, 257, 400, nheads, nheads_k, head_dim, dtype)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 1023), (1023, 113)])
+def test_batch7(seqlen_q, seqlen_k, causal):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(7, seqlen_q, seqlen_k, 8, 2, head_dim, dtype)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("softmax_scale", [0.5, 1e-3])
+def test_softmax_scale(softmax_scale):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 130, 190, 4, 4, head_dim, dtype)
+    run_and_check(q, k, v, True, softmax_scale)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_large_logits(causal):
+    """Scores with a spread of tens: the running max must rescale correctly."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 300, 515, 4, 2, head_dim, dtype)
+    run_and_check(q * 6, k, v, causal)
+
+
+def test_repeated_runs_are_identical():
+    """A result that moves between identical runs points at a race."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 1023, 1023, 8, 2, head_dim, dtype)
+    first = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    for _ in range(3):
+        again = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+# --------------------------------------------------------------------------
+# every element written: the extension called directly on NaN-filled outputs
+# --------------------------------------------------------------------------
+
+
+def call_C_fwd(q, k, v, out, lse, causal, softmax_scale=None):
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream)
+
+
+def assert_all_written(out, lse, ref_lse):
+    no_keys = torch.isneginf(ref_lse)  # rows that see no key: lse -inf, out 0
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} out elements never written"
+    assert not torch.isnan(lse).any(), f"{int(torch.isnan(lse).sum())} lse elements never written"
+    assert torch.isfinite(out).all(), "out holds inf"
+    assert torch.equal(torch.isneginf(lse), no_keys), "lse is -inf exactly where no key is visible"
+    assert torch.isfinite(lse[~no_keys]).all()
+    out_no_keys = out.permute(0, 2, 1, 3)[no_keys]  # (rows, d)
+    assert (out_no_keys == 0).all(), "rows that see no key must be 0"
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, causal",
+    [(1, 1, False), (17, 1023, True), (1023, 17, True), (113, 113, False), (2049, 1023, False),
+     (1, 2049, True)],
+)
+def test_poisoned_outputs_are_fully_written(seqlen_q, seqlen_k, causal):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(3, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((3, 4, seqlen_q), float("nan"), device="cuda", dtype=torch.float32)
+    call_C_fwd(q, k, v, out, lse, causal)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
+    assert_all_written(out, lse, ref_lse)
+    check_against_reference(q, k, v, out, lse, causal)
+
+
+def test_strided_out_written_exactly_in_place():
+    """out may be a strided view: its elements are all written and the
+    surrounding buffer is left alone."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 113, 300, 4, 4, head_dim, dtype)
+    buf = torch.full((2, 113, 6, head_dim + 8), float("nan"), device="cuda", dtype=dtype)
+    out = buf[:, :, 1:5, :head_dim]
+    lse = torch.full((2, 4, 113), float("nan"), device="cuda", dtype=torch.float32)
+    call_C_fwd(q, k, v, out, lse, causal=True)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=True)
+    assert_all_written(out, lse, ref_lse)
+    check_against_reference(q, k, v, out, lse, causal=True)
+    untouched = torch.ones(buf.shape, dtype=torch.bool, device="cuda")
+    untouched[:, :, 1:5, :head_dim] = False
+    assert torch.isnan(buf[untouched]).all(), "the kernel wrote outside the out view"
+
+
+# --------------------------------------------------------------------------
+# layouts and packing
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_non_contiguous_views(causal):
+    head_dim, dtype = default_config()
+    b, sq, sk, h, hk = 2, 131, 257, 4, 2
+    rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype)
+    q = rand(b, sq, 3 * h, head_dim)[:, :, h : 2 * h]        # a slice of heads
+    k = rand(b, hk, sk, head_dim).transpose(1, 2)            # (b, h, s, d) storage
+    v = rand(sk, b, hk, head_dim).transpose(0, 1)            # (s, b, h, d) storage
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    out, lse = run_and_check(q, k, v, causal)
+    assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_qkvpacked(causal):
+    head_dim, dtype = default_config()
+    qkv = torch.randn(2, 300, 3, 4, head_dim, device="cuda", dtype=dtype)
+    out, lse, probs = flashtile.flash_attn_qkvpacked_func(qkv, causal=causal, return_attn_probs=True)
+    assert probs is None
+    q, k, v = qkv.unbind(2)
+    check_against_reference(q, k, v, out, lse, causal)
+    assert torch.equal(out, flashtile.flash_attn_qkvpacked_func(qkv, causal=causal))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kvpacked(causal):
+    head_dim, dtype = default_config()
+    q = torch.randn(2, 200, 8, head_dim, device="cuda", dtype=dtype)
+    kv = torch.randn(2, 333, 2, 2, head_dim, device="cuda", dtype=dtype)
+    out, lse, probs = flashtile.flash_attn_kvpacked_func(q, kv, causal=causal, return_attn_probs=True)
+    assert probs is None
+    k, v = kv.unbind(2)
+    check_against_reference(q, k, v, out, lse, causal)
+    assert torch.equal(out, flashtile.flash_attn_kvpacked_func(q, kv, causal=causal))
+
+
+def test_return_attn_probs():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 77, 99, 4, 1, head_dim, dtype)
+    plain = flashtile.flash_attn_func(q, k, v)
+    assert isinstance(plain, torch.Tensor)
+    result = flashtile.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert isinstance(result, tuple) and len(result) == 3 and result[2] is None
+    out, lse, _ = result
+    assert torch.equal(out, plain)
+    assert lse.shape == (2, 4, 77) and lse.dtype == torch.float32 and lse.is_contiguous()
+
+
+# --------------------------------------------------------------------------
+# empty inputs never reach the extension
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [(0, 17, 33), (2, 0, 33), (2, 17, 0), (0, 0, 0)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_empty_inputs(monkeypatch, batch, seqlen_q, seqlen_k, causal):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(batch, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
+
+    def must_not_be_called(*args):
+        raise AssertionError("_C.fwd was called for an empty input")
+
+    monkeypatch.setattr(_ops, "_C", types.SimpleNamespace(fwd=must_not_be_called))
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
+    assert lse.shape == (batch, 4, seqlen_q) and lse.dtype == torch.float32
+    if seqlen_k == 0:
+        assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+# --------------------------------------------------------------------------
+# devices and streams
+# --------------------------------------------------------------------------
+
+
+def test_non_default_stream():
+    """The kernel runs on torch's current stream: q is written on a side stream
+    behind a sleep, and a launch on any other stream would read NaN."""
+    head_dim, dtype = default_config()
+    src, k, v = rand_qkv(2, 513, 700, 4, 2, head_dim, dtype)
+    q = torch.full_like(src, float("nan"))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # tens of ms: keeps the side stream busy
+        q.copy_(src)
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    side.synchronize()
+    check_against_reference(src, k, v, out, lse, causal=True)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_runs_on_the_tensors_device():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 129, 257, 4, 2, head_dim, dtype, device="cuda:1")
+    with torch.cuda.device(0):
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.device == q.device and lse.device == q.device
+    check_against_reference(q, k, v, out, lse, causal=True)
+
+
+def test_device_errors_on_gpu():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 17, 33, 4, 2, head_dim, dtype)
+    with pytest.raises(ValueError, match="k must be on a CUDA device, got cpu"):
+        flashtile.flash_attn_func(q, k.cpu(), v)
+    with pytest.raises(ValueError, match="q must be on a CUDA device, got cpu"):
+        flashtile.flash_attn_func(q.cpu(), k, v)
+
+
+def test_misaligned_pointer_rejected():
+    head_dim, dtype = default_config()
+    numel = 2 * 17 * 4 * head_dim
+    flat = torch.randn(numel + 1, device="cuda", dtype=dtype)
+    q = flat[1:].view(2, 17, 4, head_dim)  # strides fine, start 2 bytes off
+    k, v = rand_qkv(2, 17, 33, 4, 2, head_dim, dtype)[1:]
+    with pytest.raises(ValueError, match="q must start at a 16-byte aligned address"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+# --------------------------------------------------------------------------
+# torch integration: custom op, autograd, torch.compile
+# --------------------------------------------------------------------------
+
+
+def test_opcheck():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 65, 130, 4, 2, head_dim, dtype)
+    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True))
+
+
+def test_backward_raises():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(1, 33, 33, 4, 4, head_dim, dtype)
+    q.requires_grad_()
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+    with pytest.raises(NotImplementedError, match="flashtile: backward is not implemented yet"):
+        out.sum().backward()
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 257, 300, 8, 2, head_dim, dtype)
+    qkv = torch.randn(2, 129, 3, 4, head_dim, device="cuda", dtype=dtype)
+
+    def block(q, k, v, qkv):
+        out, lse, _ = flashtile.flash_attn_func(q * 0.5, k, v, causal=True, return_attn_probs=True)
+        packed = flashtile.flash_attn_qkvpacked_func(qkv, softmax_scale=0.2)
+        kvp = flashtile.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2))
+        return out + 1, lse, packed, kvp
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    for got, want in zip(compiled(q, k, v, qkv), block(q, k, v, qkv)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_torch_compile_dynamic_shapes():
+    head_dim, dtype = default_config()
+    torch._dynamo.reset()
+    compiled = torch.compile(flashtile.flash_attn_func, fullgraph=True, dynamic=True)
+    for seqlen_q, seqlen_k in ((65, 130), (200, 77)):
+        q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
+        got = compiled(q, k, v, causal=True)
+        torch.testing.assert_close(got, flashtile.flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
