@@ -20,7 +20,7 @@ using namespace cute;
 // (kBlockM + 2·kBlockN) · head_dim · 2 B = 32 KB (d64), 64 KB (d128); ~235
 // and 255 registers a thread, so two CTAs share an SM.
 // Measured on the H200 (bf16, seqlen 16k, benchmarks/NOTES.md): d64 128×64
-// beats FlashAttention-2's 128×128 (337 vs 301 TFLOP/s; S needs half the
+// beats FlashAttention-2's 128×128 (329 vs 290 TFLOP/s; S needs half the
 // registers); d128 128×64 beats 128×32 (382 vs 358), 64×64 and 8 warps.
 template <int kHeadDim>
 struct FwdConfig;
