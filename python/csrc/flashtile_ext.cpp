@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -106,6 +107,11 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
   if (status == flashtile::Status::kCudaError) {
     throw std::runtime_error(std::string("flashtile: CUDA error: ") +
                              cudaGetErrorString(cudaGetLastError()));
+  }
+  if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
+    throw std::runtime_error(std::string("flashtile.fwd: the kernel for head_dim=") +
+                             std::to_string(p.head_dim) + ", dtype=" +
+                             flashtile::dtype_name(dtype) + " is not built in this flashtile build");
   }
   if (status != flashtile::Status::kSuccess) {
     raise_value_error(std::string("flashtile.fwd: ") + flashtile::status_string(status) +
