@@ -1,7 +1,9 @@
 # Finds the CUTLASS/CuTe headers (header-only; no CUTLASS sources live in this
 # repo). Order: -DCUTLASS_DIR, then $CUTLASS_DIR, then the nvidia-cutlass
 # Python package, whose wheel ships them under cutlass_library/source/include.
-# Defines the INTERFACE target flashtile::cutlass.
+# Sets FLASHTILE_CUTLASS_INCLUDE_DIR. Used by flashtile's build and, installed
+# beside flashtileConfig.cmake, by projects that find_package(flashtile).
+include_guard(GLOBAL)
 
 set(CUTLASS_DIR "" CACHE PATH "CUTLASS checkout or install prefix (holds include/cute)")
 if(NOT CUTLASS_DIR AND DEFINED ENV{CUTLASS_DIR})
@@ -44,8 +46,3 @@ if(NOT FLASHTILE_CUTLASS_INCLUDE_DIR)
     "where the path holds include/cute/tensor.hpp.")
 endif()
 message(STATUS "flashtile: CUTLASS headers: ${FLASHTILE_CUTLASS_INCLUDE_DIR}")
-
-add_library(flashtile_cutlass INTERFACE)
-add_library(flashtile::cutlass ALIAS flashtile_cutlass)
-target_include_directories(flashtile_cutlass SYSTEM INTERFACE
-  "$<BUILD_INTERFACE:${FLASHTILE_CUTLASS_INCLUDE_DIR}>")

@@ -1,0 +1,198 @@
+// Host-side checks of the SM80 forward kernel's tile configurations, run by
+// ctest on machines without a GPU: shared memory within every target's limit,
+// copies and MMA partitions that cover each tile exactly once, the register
+// layouts the online softmax and the P·V product rely on, and shared-memory
+// access patterns free of bank conflicts. Layouts are evaluated on the host
+// over a plain array, so every address a thread would touch is computed.
+#include <cute/tensor.hpp>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "flashtile/common/fragment.hpp"
+#include "flashtile/sm80/fwd_traits.hpp"
+
+using namespace cute;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+
+void expect(bool ok, const char* config, const char* what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL [%s] %s\n", config, what);
+  }
+}
+
+// Smallest opt-in dynamic shared memory per block among the targets the sm80
+// path runs on: sm80 163 KB, sm86/sm89 99 KB, sm90 227 KB.
+constexpr int kSmemLimitBytes = 99 * 1024;
+
+// Every coordinate of a (rows, cols) tile is produced by exactly one
+// (thread, value) of the partition function `part(thread)`.
+template <class PartitionOf>
+bool covers_exactly_once(int threads, int rows, int cols, PartitionOf part) {
+  std::map<std::pair<int, int>, int> seen;
+  for (int t = 0; t < threads; ++t) {
+    auto coords = part(t);
+    for (int i = 0; i < size(coords); ++i) {
+      seen[{int(get<0>(coords(i))), int(get<1>(coords(i)))}]++;
+    }
+  }
+  if (int(seen.size()) != rows * cols) return false;
+  for (auto& [rc, n] : seen) {
+    if (n != 1 || rc.first < 0 || rc.first >= rows || rc.second < 0 || rc.second >= cols) return false;
+  }
+  return true;
+}
+
+// 16-byte accesses (cp.async, ldmatrix rows, vector loads) are served eight
+// threads at a time; within each group of 8 the 16-byte chunks must fall in
+// distinct bank quads, and each thread's 8 elements must be contiguous.
+// part(t) is thread t's (CPY, M, K) partition of a tensor over `base`.
+template <class Element, class PartitionOf>
+bool vector_accesses_conflict_free(const Element* base, PartitionOf part) {
+  auto first = part(0);
+  for (int m = 0; m < size<1>(first); ++m) {
+    for (int k = 0; k < size<2>(first); ++k) {
+      for (int group = 0; group < 4; ++group) {
+        std::set<long> chunks;
+        for (int lane = group * 8; lane < group * 8 + 8; ++lane) {
+          auto vec = part(lane)(_, m, k);
+          const long offset = &vec(0) - base;
+          for (int j = 1; j < size(vec); ++j) {
+            if (&vec(j) - base != offset + j) return false;  // not one 16-byte vector
+          }
+          chunks.insert((offset * long(sizeof(Element)) / 16) % 8);
+        }
+        if (chunks.size() != 8) return false;
+      }
+    }
+  }
+  return true;
+}
+
+template <class Traits>
+void check_config(const char* config) {
+  using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
+  constexpr int kThreads = Traits::kNThreads;
+
+  // Shared memory: the three tiles, unpadded, within every target's limit.
+  expect(Traits::kSmemBytes == (kM + 2 * kN) * kD * int(sizeof(Element)), config,
+         "kSmemBytes is Q + K + V tiles");
+  expect(Traits::kSmemBytes <= kSmemLimitBytes, config, "shared memory within 99 KB");
+  expect(cosize(typename Traits::SmemLayoutQ{}) == kM * kD, config, "Q layout is unpadded");
+  expect(cosize(typename Traits::SmemLayoutKV{}) == kN * kD, config, "K/V layout is unpadded");
+
+  std::vector<Element> q_buf(kM * kD), kv_buf(kN * kD);
+  auto sQ = make_tensor(q_buf.data(), typename Traits::SmemLayoutQ{});    // (kM, kD)
+  auto sK = make_tensor(kv_buf.data(), typename Traits::SmemLayoutKV{});  // (kN, kD)
+  auto sVt = make_tensor(kv_buf.data(), typename Traits::SmemLayoutVt{});  // (kD, kN)
+  {  // the layouts are bijections onto their buffers
+    std::set<long> q_offsets, kv_offsets;
+    for (int i = 0; i < size(sQ); ++i) q_offsets.insert(&sQ(i) - q_buf.data());
+    for (int i = 0; i < size(sK); ++i) kv_offsets.insert(&sK(i) - kv_buf.data());
+    expect(int(q_offsets.size()) == kM * kD, config, "Q layout is a bijection");
+    expect(int(kv_offsets.size()) == kN * kD, config, "K/V layout is a bijection");
+    bool vt_is_transpose = true;
+    for (int d = 0; d < kD; ++d) {
+      for (int n = 0; n < kN; ++n) vt_is_transpose &= &sVt(d, n) == &sK(n, d);
+    }
+    expect(vt_is_transpose, config, "Vt is the transpose of V's bytes");
+  }
+
+  // Global <-> shared copies cover each tile once, conflict-free.
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  typename Traits::GmemTiledCopyO gmem_copy_O;
+  expect(size(gmem_copy) == kThreads, config, "gmem copy uses every thread");
+  expect(covers_exactly_once(kThreads, kM, kD, [&](int t) {
+           return gmem_copy.get_slice(t).partition_S(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+         }),
+         config, "Q copy covers the tile once");
+  expect(covers_exactly_once(kThreads, kN, kD, [&](int t) {
+           return gmem_copy.get_slice(t).partition_S(make_identity_tensor(Shape<Int<kN>, Int<kD>>{}));
+         }),
+         config, "K/V copy covers the tile once");
+  expect(covers_exactly_once(kThreads, kM, kD, [&](int t) {
+           return gmem_copy_O.get_slice(t).partition_D(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+         }),
+         config, "O copy covers the tile once");
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return gmem_copy.get_slice(t).partition_D(sQ); }),
+         config, "cp.async into sQ is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return gmem_copy.get_slice(t).partition_D(sK); }),
+         config, "cp.async into sK/sV is conflict-free");
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return gmem_copy_O.get_slice(t).partition_S(sQ); }),
+         config, "reading sO for the store is conflict-free");
+
+  // ldmatrix: each group of 8 lanes supplies the 8 row addresses of one 8x8.
+  typename Traits::TiledMma tiled_mma;
+  auto ldsm_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto ldsm_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto ldsm_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return ldsm_Q.get_slice(t).partition_S(sQ); }),
+         config, "ldmatrix of Q is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return ldsm_K.get_slice(t).partition_S(sK); }),
+         config, "ldmatrix of K is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return ldsm_V.get_slice(t).partition_S(sVt); }),
+         config, "ldmatrix.trans of V is conflict-free");
+
+  // MMA accumulators cover S and O once.
+  auto cS = make_identity_tensor(Shape<Int<kM>, Int<kN>>{});  // (kM, kN) -> (row, col)
+  auto cO = make_identity_tensor(Shape<Int<kM>, Int<kD>>{});  // (kM, kD) -> (row, col)
+  expect(covers_exactly_once(kThreads, kM, kN, [&](int t) { return tiled_mma.get_slice(t).partition_C(cS); }),
+         config, "S accumulators cover the tile once");
+  expect(covers_exactly_once(kThreads, kM, kD, [&](int t) { return tiled_mma.get_slice(t).partition_C(cO); }),
+         config, "O accumulators cover the tile once");
+
+  // Online softmax: in the (row, col) view each thread's row r is one query
+  // row, the four lanes of a quad hold the same rows, and together they hold
+  // every column of it -- what quad_allreduce assumes.
+  bool rows_ok = true;
+  for (int t = 0; t < kThreads; ++t) {
+    auto mine = flashtile::rowcol_view(tiled_mma.get_slice(t).partition_C(cS));  // (rows, cols)
+    for (int r = 0; r < size<0>(mine); ++r) {
+      std::set<int> cols;
+      for (int lane = t & ~3; lane < (t & ~3) + 4; ++lane) {
+        auto quad = flashtile::rowcol_view(tiled_mma.get_slice(lane).partition_C(cS));
+        for (int c = 0; c < size<1>(quad); ++c) {
+          rows_ok &= get<0>(quad(r, c)) == get<0>(mine(r, 0));
+          cols.insert(get<1>(quad(r, c)));
+        }
+      }
+      rows_ok &= int(cols.size()) == kN;
+    }
+  }
+  expect(rows_ok, config, "rowcol view: a quad holds whole rows");
+
+  // P·V: the accumulator of S, viewed as an A operand, holds exactly the
+  // (row, key) elements the MMA expects in each A register slot.
+  bool operand_ok = true;
+  for (int t = 0; t < kThreads; ++t) {
+    auto thr = tiled_mma.get_slice(t);
+    auto acc = thr.partition_C(cS);                                                // (MMA, MMA_M, MMA_N)
+    auto as_a = make_tensor(acc.data(), flashtile::acc_to_operand_a_layout(acc.layout()));
+    auto want = thr.partition_A(cS);                                               // (MMA, MMA_M, MMA_K)
+    operand_ok &= size(as_a) == size(want);
+    for (int i = 0; i < size(want) && operand_ok; ++i) operand_ok &= as_a(i) == want(i);
+  }
+  expect(operand_ok, config, "S accumulator reinterpreted as the A operand of P·V");
+}
+
+}  // namespace
+
+int main() {
+  using flashtile::sm80::FwdTraitsFor;
+  check_config<FwdTraitsFor<64, cutlass::half_t>>("fwd d64 fp16");
+  check_config<FwdTraitsFor<64, cutlass::bfloat16_t>>("fwd d64 bf16");
+  check_config<FwdTraitsFor<128, cutlass::half_t>>("fwd d128 fp16");
+  check_config<FwdTraitsFor<128, cutlass::bfloat16_t>>("fwd d128 bf16");
+  std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
