@@ -314,14 +314,13 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True))
 
 
-def test_backward_raises():
+def test_out_is_differentiable_lse_is_not():
+    """The numerics of the gradients are tested in test_backward_gpu.py."""
     head_dim, dtype = default_config()
     q, k, v = rand_qkv(1, 33, 33, 4, 4, head_dim, dtype)
     q.requires_grad_()
     out, lse, _ = flashtile.flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.requires_grad and not lse.requires_grad
-    with pytest.raises(NotImplementedError, match="flashtile: backward is not implemented yet"):
-        out.sum().backward()
 
 
 def test_torch_compile_fullgraph_matches_eager():

@@ -10,20 +10,32 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
 #include "flashtile/status.hpp"
+#include "flashtile/workspace.hpp"
 
 namespace flashtile {
 
-inline constexpr int kSupportedFwdHeadDims[] = {64, 128};
+inline constexpr int kSupportedHeadDims[] = {64, 128};
 
-inline bool is_supported_fwd_head_dim(int head_dim) {
-  for (int d : kSupportedFwdHeadDims) {
+inline bool is_supported_head_dim(int head_dim) {
+  for (int d : kSupportedHeadDims) {
     if (d == head_dim) return true;
   }
   return false;
+}
+
+// A 16-byte-aligned pointer whose strides (in 2-byte elements) keep every
+// row 16-byte aligned: what cp.async and the vector stores need.
+inline bool vector_aligned(const void* ptr, std::initializer_list<int64_t> strides) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  for (int64_t s : strides) {
+    if (s % 8 != 0) return false;  // 16 bytes of 2-byte elements
+  }
+  return true;
 }
 
 // Checks everything the kernels assume about params, without touching the GPU.
@@ -35,22 +47,53 @@ inline Status can_implement_fwd(const FwdParams& p) {
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
   // Grid: (query blocks, nheads, batch); y and z are limited to 65535.
   if (p.nheads > 65535 || p.batch > 65535) return Status::kInvalidArgument;
-  if (!is_supported_fwd_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
+  if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
   // cp.async and the epilogue move 16-byte vectors: 8 two-byte elements.
-  constexpr int64_t kVector = 8;
-  const void* pointers[] = {p.q, p.k, p.v, p.out};
-  for (const void* ptr : pointers) {
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return Status::kMisalignedPointer;
-  }
-  const int64_t strides[] = {p.q_batch_stride,   p.q_row_stride,   p.q_head_stride,
-                             p.k_batch_stride,   p.k_row_stride,   p.k_head_stride,
-                             p.v_batch_stride,   p.v_row_stride,   p.v_head_stride,
-                             p.out_batch_stride, p.out_row_stride, p.out_head_stride};
-  for (int64_t s : strides) {
-    if (s % kVector != 0) return Status::kMisalignedPointer;
-  }
+  const bool aligned =
+      vector_aligned(p.q, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}) &&
+      vector_aligned(p.k, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}) &&
+      vector_aligned(p.v, {p.v_batch_stride, p.v_row_stride, p.v_head_stride}) &&
+      vector_aligned(p.out, {p.out_batch_stride, p.out_row_stride, p.out_head_stride});
+  if (!aligned) return Status::kMisalignedPointer;
   return Status::kSuccess;
+}
+
+// Checks everything the backward kernels assume about params.
+inline Status can_implement_bwd(const BwdParams& p) {
+  if (!p.q || !p.k || !p.v || !p.out || !p.dout || !p.lse || !p.dq || !p.dk || !p.dv ||
+      !p.workspace) {
+    return Status::kInvalidArgument;
+  }
+  if (p.batch < 1 || p.nheads < 1 || p.nheads_k < 1 || p.seqlen_q < 1 || p.seqlen_k < 1) {
+    return Status::kInvalidArgument;
+  }
+  if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
+  // Grid: (key blocks, nheads_k, batch).
+  if (p.nheads_k > 65535 || p.batch > 65535) return Status::kInvalidArgument;
+  if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
+  if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
+  const bool aligned =
+      vector_aligned(p.q, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}) &&
+      vector_aligned(p.k, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}) &&
+      vector_aligned(p.v, {p.v_batch_stride, p.v_row_stride, p.v_head_stride}) &&
+      vector_aligned(p.out, {p.out_batch_stride, p.out_row_stride, p.out_head_stride}) &&
+      vector_aligned(p.dout, {p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride}) &&
+      vector_aligned(p.dq, {p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride}) &&
+      vector_aligned(p.dk, {p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride}) &&
+      vector_aligned(p.dv, {p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride}) &&
+      vector_aligned(p.workspace, {});
+  return aligned ? Status::kSuccess : Status::kMisalignedPointer;
+}
+
+// Runs the backward registered for (sm80 path, head_dim, dtype). Needs
+// params.workspace of bwd_workspace_bytes(params) bytes.
+inline Status bwd(const BwdParams& p, cudaStream_t stream) {
+  const Status ok = can_implement_bwd(p);
+  if (ok != Status::kSuccess) return ok;
+  const BwdLauncher launch = KernelRegistry::instance().find_bwd(Arch::kSm80, p.head_dim, p.dtype);
+  if (!launch) return Status::kNotBuilt;
+  return launch(p, stream);
 }
 
 // Runs the forward kernel registered for (sm80 path, head_dim, dtype).

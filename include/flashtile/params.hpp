@@ -40,4 +40,42 @@ struct FwdParams {
   DType dtype = DType::kBf16;
 };
 
+// Backward attention: given dout = ∂L/∂out, computes dq, dk, dv. Layouts as
+// FwdParams; out and lse are the forward's. dk and dv are (batch, seqlen_k,
+// nheads_k, head_dim): with GQA each sums over the query heads of its group.
+// The launcher needs a device workspace of bwd_workspace_bytes(params) bytes
+// (flashtile.hpp), which it overwrites.
+struct BwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const void* dout = nullptr;
+  const float* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* workspace = nullptr;
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  int batch = 0;
+  int nheads = 0;
+  int nheads_k = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int head_dim = 0;
+
+  float softmax_scale = 0.f;
+  bool causal = false;
+  DType dtype = DType::kBf16;
+};
+
 }  // namespace flashtile

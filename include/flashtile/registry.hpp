@@ -13,11 +13,11 @@
 
 namespace flashtile {
 
-enum class Direction : int { kFwd = 0 };
+enum class Direction : int { kFwd = 0, kBwd = 1 };
 // kSm80 is the mma.sync / cp.async path: it runs on sm80 and every newer arch.
 enum class Arch : int { kSm80 = 0 };
 
-inline const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "?"; }
+inline const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "bwd"; }
 inline const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "?"; }
 
 struct KernelKey {
@@ -33,6 +33,7 @@ struct KernelKey {
 };
 
 using FwdLauncher = Status (*)(const FwdParams&, cudaStream_t);
+using BwdLauncher = Status (*)(const BwdParams&, cudaStream_t);
 
 class KernelRegistry {
  public:
@@ -56,18 +57,36 @@ class KernelRegistry {
     return nullptr;
   }
 
+  bool add_bwd(KernelKey key, BwdLauncher launch) {
+    bwd_.push_back({key, launch});
+    return true;
+  }
+
+  BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype) const {
+    const KernelKey want{Direction::kBwd, arch, head_dim, dtype};
+    for (const BwdEntry& e : bwd_) {
+      if (e.key == want) return e.launch;
+    }
+    return nullptr;
+  }
+
   std::vector<KernelKey> keys() const {
     std::vector<KernelKey> out;
     for (const FwdEntry& e : fwd_) out.push_back(e.key);
+    for (const BwdEntry& e : bwd_) out.push_back(e.key);
     return out;
   }
 
  private:
-  struct FwdEntry {
+  template <class Launcher>
+  struct Entry {
     KernelKey key;
-    FwdLauncher launch;
+    Launcher launch;
   };
+  using FwdEntry = Entry<FwdLauncher>;
+  using BwdEntry = Entry<BwdLauncher>;
   std::vector<FwdEntry> fwd_;
+  std::vector<BwdEntry> bwd_;
 };
 
 }  // namespace flashtile

@@ -53,6 +53,27 @@ void require_vector_aligned(const CudaArray& a, const char* name) {
   }
 }
 
+void strides_of(const CudaArray& a, int64_t& batch, int64_t& row, int64_t& head) {
+  batch = a.stride(0), row = a.stride(1), head = a.stride(2);
+}
+
+// Turns a Status into the Python exception a caller of flashtile expects.
+void raise_for_status(flashtile::Status status, const char* direction, int head_dim,
+                      flashtile::DType dtype) {
+  if (status == flashtile::Status::kSuccess) return;
+  const std::string what = std::string("flashtile.") + direction + ": ";
+  if (status == flashtile::Status::kCudaError) {
+    throw std::runtime_error(what + "CUDA error: " + cudaGetErrorString(cudaGetLastError()));
+  }
+  if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
+    throw std::runtime_error(what + "the kernel for head_dim=" + std::to_string(head_dim) +
+                             ", dtype=" + flashtile::dtype_name(dtype) +
+                             " is not built in this flashtile build");
+  }
+  raise_value_error(what + flashtile::status_string(status) + " (head_dim=" +
+                    std::to_string(head_dim) + ", dtype=" + flashtile::dtype_name(dtype) + ")");
+}
+
 void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
          const CudaArray& lse, float softmax_scale, bool causal, uintptr_t stream) {
   const flashtile::DType dtype = element_dtype(q, "q");
@@ -94,30 +115,85 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
   p.v = v.data();
   p.out = out.data();
   p.lse = static_cast<float*>(lse.data());
-  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
-  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
-  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
-  p.out_head_stride = out.stride(2);
+  strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides_of(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.dtype = dtype;
 
-  const flashtile::Status status = flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream));
-  if (status == flashtile::Status::kCudaError) {
-    throw std::runtime_error(std::string("flashtile: CUDA error: ") +
-                             cudaGetErrorString(cudaGetLastError()));
+  raise_for_status(flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream)), "fwd", p.head_dim,
+                   dtype);
+}
+
+size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim) {
+  flashtile::BwdParams p;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.head_dim = head_dim;
+  return flashtile::bwd_workspace_bytes(p);
+}
+
+void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const CudaArray& v,
+         const CudaArray& out, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
+         const CudaArray& dv, const CudaArray& workspace, float softmax_scale, bool causal,
+         uintptr_t stream) {
+  const flashtile::DType dtype = element_dtype(q, "q");
+  const CudaArray* same_dtype[] = {&k, &v, &out, &dout, &dq, &dk, &dv};
+  for (const CudaArray* a : same_dtype) {
+    require(element_dtype(*a, "k, v, out, dout, dq, dk and dv") == dtype,
+            "q, k, v, out, dout, dq, dk and dv must share one dtype");
   }
-  if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
-    throw std::runtime_error(std::string("flashtile.fwd: the kernel for head_dim=") +
-                             std::to_string(p.head_dim) + ", dtype=" +
-                             flashtile::dtype_name(dtype) + " is not built in this flashtile build");
+  require(is_dtype(lse, nb::dlpack::dtype_code::Float, 32), "lse must be float32");
+  const int device = q.device_id();
+  const CudaArray* all[] = {&k, &v, &out, &dout, &dq, &dk, &dv, &lse, &workspace};
+  for (const CudaArray* a : all) {
+    require(a->device_id() == device, "all arrays must be on one CUDA device");
   }
-  if (status != flashtile::Status::kSuccess) {
-    raise_value_error(std::string("flashtile.fwd: ") + flashtile::status_string(status) +
-                      " (head_dim=" + std::to_string(p.head_dim) +
-                      ", dtype=" + flashtile::dtype_name(dtype) + ")");
+  require_vector_aligned(q, "q");
+  require_vector_aligned(k, "k");
+  require_vector_aligned(v, "v");
+  require_vector_aligned(out, "out");
+  require_vector_aligned(dout, "dout");
+  require_vector_aligned(dq, "dq");
+  require_vector_aligned(dk, "dk");
+  require_vector_aligned(dv, "dv");
+  for (int i = 0; i < 4; ++i) {
+    require(k.shape(i) == v.shape(i) && dk.shape(i) == k.shape(i) && dv.shape(i) == k.shape(i),
+            "k, v, dk and dv must have the same shape");
+    require(out.shape(i) == q.shape(i) && dout.shape(i) == q.shape(i) && dq.shape(i) == q.shape(i),
+            "out, dout and dq must have q's shape");
   }
+  require(k.shape(0) == q.shape(0) && k.shape(3) == q.shape(3),
+          "k must have q's batch size and head_dim");
+  require(lse.ndim() == 3 && lse.shape(0) == q.shape(0) && lse.shape(1) == q.shape(2) &&
+              lse.shape(2) == q.shape(1),
+          "lse must have shape (batch, nheads, seqlen_q)");
+
+  flashtile::BwdParams p;
+  p.batch = static_cast<int>(q.shape(0));
+  p.seqlen_q = static_cast<int>(q.shape(1));
+  p.nheads = static_cast<int>(q.shape(2));
+  p.head_dim = static_cast<int>(q.shape(3));
+  p.seqlen_k = static_cast<int>(k.shape(1));
+  p.nheads_k = static_cast<int>(k.shape(2));
+  require(workspace.nbytes() >= flashtile::bwd_workspace_bytes(p),
+          "workspace is smaller than bwd_workspace_bytes()");
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.data(), p.dout = dout.data();
+  p.lse = static_cast<const float*>(lse.data());
+  p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.workspace = workspace.data();
+  strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides_of(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  strides_of(dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
+  strides_of(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  strides_of(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  strides_of(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  p.softmax_scale = softmax_scale;
+  p.causal = causal;
+  p.dtype = dtype;
+  raise_for_status(flashtile::bwd(p, reinterpret_cast<cudaStream_t>(stream)), "bwd", p.head_dim,
+                   dtype);
 }
 
 std::vector<std::tuple<std::string, std::string, int, std::string>> built_kernels() {
@@ -137,6 +213,14 @@ NB_MODULE(_C, m) {
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"),
         "Attention forward into caller-allocated out (batch, seqlen_q, nheads, head_dim) and "
         "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device.");
+  m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
+        nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"),
+        "Attention backward into caller-allocated dq (q's shape), dk and dv (k's shape), "
+        "using a device workspace of bwd_workspace_bytes(...) bytes.");
+  m.def("bwd_workspace_bytes", &bwd_workspace_bytes, nb::arg("batch"), nb::arg("seqlen_q"),
+        nb::arg("nheads"), nb::arg("head_dim"),
+        "Bytes of device workspace the backward needs (fp32 dQ accumulator and row sums).");
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype) instantiations this build contains.");
 }

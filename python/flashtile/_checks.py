@@ -107,19 +107,25 @@ def _is_real(x) -> bool:
 # --------------------------------------------------------------------------
 
 
-def fwd_combos(built_kernels) -> tuple[tuple[int, str], ...]:
+def kernel_combos(built_kernels, direction: str) -> tuple[tuple[int, str], ...]:
     """Reduce ``_C.built_kernels()`` to the sorted ``(head_dim, dtype_name)``
-    pairs that have a forward kernel for some architecture.
+    pairs that have a kernel of ``direction`` ("fwd" or "bwd") for some
+    architecture.
 
     The architecture is chosen by the extension at launch; here we only need to
     know whether a kernel exists at all.
     """
     combos = set()
     for entry in built_kernels:
-        direction, _arch, head_dim, dtype_name = entry
-        if direction == "fwd":
+        kernel_direction, _arch, head_dim, dtype_name = entry
+        if kernel_direction == direction:
             combos.add((int(head_dim), str(dtype_name)))
     return tuple(sorted(combos))
+
+
+def fwd_combos(built_kernels) -> tuple[tuple[int, str], ...]:
+    """The forward's ``kernel_combos``."""
+    return kernel_combos(built_kernels, "fwd")
 
 
 # --------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 outputs, handles the empty cases without touching the extension, and otherwise
 launches ``_C.fwd`` on the inputs' device and torch's current stream there.
 Its fake (meta) implementation gives torch.compile the output shapes; its
-autograd registration refuses the backward until flashtile has one.
+autograd registration runs ``flashtile::bwd``, which saves only q, k, v, out
+and the row logsumexp from the forward.
 
 Arguments are assumed validated (``_checks``); the op itself checks only what
 tracing cannot see: the device's compute capability and the data pointers'
@@ -85,13 +86,68 @@ def _fwd_fake(q, k, v, softmax_scale, causal):
     return _empty_outputs(q)
 
 
+def _vector_friendly(t: torch.Tensor) -> bool:
+    """True if the kernels can read t in place: contiguous last dim, 16-byte
+    aligned start and strides (in 2-byte elements, multiples of 8)."""
+    return (
+        t.stride(-1) == 1
+        and all(s % 8 == 0 for s in t.stride()[:-1])
+        and t.data_ptr() % 16 == 0
+    )
+
+
+@torch.library.custom_op("flashtile::bwd", mutates_args=(), device_types="cuda")
+def bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
+    GQA each of dk and dv sums over the query heads of its group."""
+    dq, dk, dv = _empty_grads(q, k, v)
+    if dq.numel() == 0 or dk.numel() == 0:
+        # No query rows, or no keys (out was 0): every gradient is zero.
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if not _vector_friendly(dout):
+        dout = dout.contiguous()
+    batch, seqlen_q, nheads, head_dim = q.shape
+    workspace = torch.empty(_C.bwd_workspace_bytes(batch, seqlen_q, nheads, head_dim),
+                            dtype=torch.uint8, device=q.device)
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
+               stream)
+    return dq, dk, dv
+
+
+def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal):
+    return _empty_grads(q, k, v)
+
+
 def _fwd_setup_context(ctx, inputs, output):
-    _out, lse = output
+    q, k, v, softmax_scale, causal = inputs
+    out, lse = output
     ctx.mark_non_differentiable(lse)
+    # Only these: the backward recomputes P from q, k and the row logsumexp.
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError("flashtile: backward is not implemented yet")
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
+    return dq, dk, dv, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -9,10 +9,15 @@ and logsumexp -inf.
 
 Arguments flashtile does not implement yet (dropout, sliding window, softcap,
 ALiBi) are accepted at their neutral values and raise NotImplementedError
-otherwise. ``deterministic`` only concerns a backward pass and is accepted.
+otherwise. The functions are differentiable (torch.library autograd); their
+backward accumulates dq with atomic adds, so ``deterministic=True`` with an
+input that requires grad raises NotImplementedError until a fixed-order
+backward exists.
 """
 
 from __future__ import annotations
+
+import torch
 
 from . import _checks
 from ._ops import BUILT_KERNELS, fwd as _fwd_op
@@ -22,9 +27,14 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
 _FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
 
 
-def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs):
+def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs, deterministic):
     """Check the tensors (options are already checked) and run the op."""
     _checks.check_fwd_tensors(q, k, v, _FWD_BUILT, names=names)
+    if deterministic and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                      or v.requires_grad):
+        raise NotImplementedError(
+            "deterministic=True: flashtile's backward accumulates dq with atomic adds and has no "
+            "fixed-order variant yet; pass deterministic=False or run without requires_grad")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal))
@@ -60,7 +70,8 @@ def flash_attn_func(
         window_size: must be (-1, -1) (local attention is not implemented yet).
         softcap: must be 0.0 (soft-capping is not implemented yet).
         alibi_slopes: must be None (ALiBi is not implemented yet).
-        deterministic: accepted for compatibility; only a backward would use it.
+        deterministic: ask for a bitwise-reproducible backward; not implemented yet,
+            so True raises NotImplementedError when an input requires grad.
         return_attn_probs: also return the logsumexp and None (see Returns).
 
     Returns:
@@ -71,7 +82,8 @@ def flash_attn_func(
     """
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, return_attn_probs)
+    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, return_attn_probs,
+                      deterministic)
 
 
 def flash_attn_qkvpacked_func(
@@ -94,7 +106,8 @@ def flash_attn_qkvpacked_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=2)
-    return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, return_attn_probs)
+    return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, return_attn_probs,
+                      deterministic)
 
 
 def flash_attn_kvpacked_func(
@@ -119,4 +132,5 @@ def flash_attn_kvpacked_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_kvpacked(kv)
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, return_attn_probs)
+    return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, return_attn_probs,
+                      deterministic)

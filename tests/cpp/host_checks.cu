@@ -1,4 +1,4 @@
-// Host-side checks of the SM80 forward kernel's tile configurations, run by
+// Host-side checks of the SM80 kernels' tile configurations, run by
 // ctest on machines without a GPU: shared memory within every target's limit,
 // copies and MMA partitions that cover each tile exactly once, the register
 // layouts the online softmax and the P·V product rely on, and shared-memory
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 
 using namespace cute;
@@ -30,9 +31,10 @@ void expect(bool ok, const char* config, const char* what) {
   }
 }
 
-// Smallest opt-in dynamic shared memory per block among the targets the sm80
-// path runs on: sm80 163 KB, sm86/sm89 99 KB, sm90 227 KB.
-constexpr int kSmemLimitBytes = 99 * 1024;
+// Opt-in dynamic shared memory per block: sm86/sm89 99 KB, sm80 163 KB, sm90
+// 227 KB. The forward fits all of them; the backward needs sm80 or sm90.
+constexpr int kSmemLimitAllBytes = 99 * 1024;
+constexpr int kSmemLimitSm80Bytes = 163 * 1024;
 
 // Every coordinate of a (rows, cols) tile is produced by exactly one
 // (thread, value) of the partition function `part(thread)`.
@@ -78,8 +80,27 @@ bool vector_accesses_conflict_free(const Element* base, PartitionOf part) {
   return true;
 }
 
+// 32-bit stores (register pairs into P, dS, O staging): a warp's 32 lanes
+// must hit 32 distinct banks. part(t) is thread t's (CPY, M, N) partition.
+template <class Element, class PartitionOf>
+bool word_stores_conflict_free(const Element* base, PartitionOf part) {
+  auto first = part(0);
+  for (int m = 0; m < size<1>(first); ++m) {
+    for (int n = 0; n < size<2>(first); ++n) {
+      for (int v = 0; v < size<0>(first); v += 2) {
+        std::set<long> banks;
+        for (int lane = 0; lane < 32; ++lane) {
+          banks.insert(((&part(lane)(v, m, n) - base) * long(sizeof(Element)) / 4) % 32);
+        }
+        if (banks.size() != 32) return false;
+      }
+    }
+  }
+  return true;
+}
+
 template <class Traits>
-void check_config(const char* config) {
+void check_fwd_config(const char* config) {
   using Element = typename Traits::Element;
   constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
   constexpr int kThreads = Traits::kNThreads;
@@ -87,7 +108,7 @@ void check_config(const char* config) {
   // Shared memory: the three tiles, unpadded, within every target's limit.
   expect(Traits::kSmemBytes == (kM + 2 * kN) * kD * int(sizeof(Element)), config,
          "kSmemBytes is Q + K + V tiles");
-  expect(Traits::kSmemBytes <= kSmemLimitBytes, config, "shared memory within 99 KB");
+  expect(Traits::kSmemBytes <= kSmemLimitAllBytes, config, "shared memory within 99 KB");
   expect(cosize(typename Traits::SmemLayoutQ{}) == kM * kD, config, "Q layout is unpadded");
   expect(cosize(typename Traits::SmemLayoutKV{}) == kN * kD, config, "K/V layout is unpadded");
 
@@ -185,14 +206,97 @@ void check_config(const char* config) {
   expect(operand_ok, config, "S accumulator reinterpreted as the A operand of P·V");
 }
 
+template <class Traits>
+void check_bwd_config(const char* config) {
+  using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
+  constexpr int kThreads = Traits::kNThreads;
+  expect(Traits::kSmemBytes <= kSmemLimitSm80Bytes, config, "shared memory within 163 KB");
+
+  std::vector<Element> q_buf(kM * kD), kv_buf(kN * kD), pds_buf(kM * kN);
+  auto sQ = make_tensor(q_buf.data(), typename Traits::SmemLayoutQ{});        // (kM, kD)
+  auto sK = make_tensor(kv_buf.data(), typename Traits::SmemLayoutKV{});      // (kN, kD)
+  auto sP = make_tensor(pds_buf.data(), typename Traits::SmemLayoutPdS{});    // (kM, kN)
+  auto sQt = make_tensor(q_buf.data(), typename Traits::SmemLayoutQt{});      // (kD, kM)
+  auto sKt = make_tensor(kv_buf.data(), typename Traits::SmemLayoutKt{});     // (kD, kN)
+  auto sPt = make_tensor(pds_buf.data(), typename Traits::SmemLayoutPdSt{});  // (kN, kM)
+  bool transposes = true;
+  for (int m = 0; m < kM; ++m) {
+    for (int d = 0; d < kD; ++d) transposes &= &sQt(d, m) == &sQ(m, d);
+    for (int n = 0; n < kN; ++n) transposes &= &sPt(n, m) == &sP(m, n);
+  }
+  for (int n = 0; n < kN; ++n) {
+    for (int d = 0; d < kD; ++d) transposes &= &sKt(d, n) == &sK(n, d);
+  }
+  expect(transposes, config, "Qt, Kt, Pt are transposes of Q, K, P");
+
+  typename Traits::GmemTiledCopy gmem_copy;
+  expect(covers_exactly_once(kThreads, kM, kD, [&](int t) {
+           return gmem_copy.get_slice(t).partition_S(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+         }),
+         config, "Q/dO copy covers the tile once");
+  expect(covers_exactly_once(kThreads, kN, kD, [&](int t) {
+           return gmem_copy.get_slice(t).partition_S(make_identity_tensor(Shape<Int<kN>, Int<kD>>{}));
+         }),
+         config, "K/V copy covers the tile once");
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return gmem_copy.get_slice(t).partition_D(sQ); }),
+         config, "cp.async into sQ/sdO is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return gmem_copy.get_slice(t).partition_D(sK); }),
+         config, "cp.async into sK/sV is conflict-free");
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  expect(covers_exactly_once(kThreads, kM, kN, [&](int t) {
+           return mma_sdp.get_slice(t).partition_C(make_identity_tensor(Shape<Int<kM>, Int<kN>>{}));
+         }),
+         config, "S/dP accumulators cover the tile once");
+  expect(covers_exactly_once(kThreads, kN, kD, [&](int t) {
+           return mma_dkv.get_slice(t).partition_C(make_identity_tensor(Shape<Int<kN>, Int<kD>>{}));
+         }),
+         config, "dK/dV accumulators cover the tile once");
+  expect(covers_exactly_once(kThreads, kM, kD, [&](int t) {
+           return mma_dq.get_slice(t).partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+         }),
+         config, "dQ accumulators cover the tile once");
+
+  using Ldsm = typename Traits::SmemCopyAtom;
+  using LdsmT = typename Traits::SmemCopyAtomTransposed;
+  auto sdp_a = make_tiled_copy_A(Ldsm{}, mma_sdp);
+  auto sdp_b = make_tiled_copy_B(Ldsm{}, mma_sdp);
+  auto dkv_a = make_tiled_copy_A(LdsmT{}, mma_dkv);
+  auto dkv_b = make_tiled_copy_B(LdsmT{}, mma_dkv);
+  auto dq_a = make_tiled_copy_A(Ldsm{}, mma_dq);
+  auto dq_b = make_tiled_copy_B(LdsmT{}, mma_dq);
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return sdp_a.get_slice(t).partition_S(sQ); }),
+         config, "ldmatrix of Q/dO (S, dP) is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return sdp_b.get_slice(t).partition_S(sK); }),
+         config, "ldmatrix of K/V (S, dP) is conflict-free");
+  expect(vector_accesses_conflict_free(pds_buf.data(), [&](int t) { return dkv_a.get_slice(t).partition_S(sPt); }),
+         config, "ldmatrix.trans of P/dS (dV, dK) is conflict-free");
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return dkv_b.get_slice(t).partition_S(sQt); }),
+         config, "ldmatrix.trans of dO/Q (dV, dK) is conflict-free");
+  expect(vector_accesses_conflict_free(pds_buf.data(), [&](int t) { return dq_a.get_slice(t).partition_S(sP); }),
+         config, "ldmatrix of dS (dQ) is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return dq_b.get_slice(t).partition_S(sKt); }),
+         config, "ldmatrix.trans of K (dQ) is conflict-free");
+
+  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
+  expect(word_stores_conflict_free(pds_buf.data(), [&](int t) { return copy_pds.get_slice(t).partition_D(sP); }),
+         config, "storing P/dS to shared memory is conflict-free");
+}
+
 }  // namespace
 
 int main() {
   using flashtile::sm80::FwdTraitsFor;
-  check_config<FwdTraitsFor<64, cutlass::half_t>>("fwd d64 fp16");
-  check_config<FwdTraitsFor<64, cutlass::bfloat16_t>>("fwd d64 bf16");
-  check_config<FwdTraitsFor<128, cutlass::half_t>>("fwd d128 fp16");
-  check_config<FwdTraitsFor<128, cutlass::bfloat16_t>>("fwd d128 bf16");
+  using flashtile::sm80::BwdTraits;
+  check_fwd_config<FwdTraitsFor<64, cutlass::half_t>>("fwd d64 fp16");
+  check_fwd_config<FwdTraitsFor<64, cutlass::bfloat16_t>>("fwd d64 bf16");
+  check_fwd_config<FwdTraitsFor<128, cutlass::half_t>>("fwd d128 fp16");
+  check_fwd_config<FwdTraitsFor<128, cutlass::bfloat16_t>>("fwd d128 bf16");
+  check_bwd_config<BwdTraits<64, cutlass::bfloat16_t>>("bwd d64");
+  check_bwd_config<BwdTraits<128, cutlass::bfloat16_t>>("bwd d128");
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -1,0 +1,98 @@
+// Tile configuration of the SM80 backward kernel. One CTA owns a block of
+// kBlockN keys and walks the query blocks; three TiledMMAs cover its five
+// products:
+//   SdP: S = Q·Kᵀ and dP = dO·Vᵀ          (kBlockM × kBlockN)
+//   dKV: dV += Pᵀ·dO and dK += dSᵀ·Q       (kBlockN × head_dim)
+//   dQ:  dQ = dS·K                          (kBlockM × head_dim)
+// Operands that enter a product transposed (Pᵀ, dSᵀ, Qᵀ, dOᵀ, Kᵀ) are views of
+// the same swizzled shared memory, read with ldmatrix.trans.
+#pragma once
+
+#include <cute/algorithm/copy.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include <type_traits>
+
+namespace flashtile::sm80 {
+
+using namespace cute;
+
+// Block shapes per head dim: 64 query rows × 128 keys, 8 warps, warps laid
+// out (M × N) as kAtomM* × (8 / kAtomM*) for each product.
+template <int kHeadDim>
+struct BwdConfig;
+template <>
+struct BwdConfig<64> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
+};
+template <>
+struct BwdConfig<128> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
+};
+
+template <int kHeadDim_, class Element_>
+struct BwdTraits {
+  using Config = BwdConfig<kHeadDim_>;
+  using Element = Element_;
+  static_assert(std::is_same_v<Element, cutlass::half_t> ||
+                std::is_same_v<Element, cutlass::bfloat16_t>);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kNWarps = Config::kNWarps;
+  static constexpr int kNThreads = kNWarps * 32;
+  static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0, "8x64 swizzle atoms tile whole rows");
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,
+                                     MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
+  template <int kAtomM>
+  using TiledMmaFor =
+      TiledMMA<MmaAtom, Layout<Shape<Int<kAtomM>, Int<kNWarps / kAtomM>, _1>>,
+               Tile<Int<16 * kAtomM>, Int<16 * kNWarps / kAtomM>, _16>>;
+  using TiledMmaSdP = TiledMmaFor<Config::kAtomMSdP>;
+  using TiledMmadKV = TiledMmaFor<Config::kAtomNdKV>;
+  using TiledMmadQ = TiledMmaFor<Config::kAtomMdQ>;
+
+  using SmemLayoutAtom = decltype(composition(
+      Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  template <int kRows, int kCols>
+  using SmemLayout = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kRows>, Int<kCols>>{}));
+  // The transpose of a (kRows, kCols) smem layout, as a (kCols, kRows) view.
+  template <class Layout_, int kRows, int kCols>
+  using Transposed = decltype(composition(
+      Layout_{}, make_layout(Shape<Int<kCols>, Int<kRows>>{}, GenRowMajor{})));
+
+  using SmemLayoutQ = SmemLayout<kBlockM, kHeadDim>;    // Q and dO: (kBlockM, kHeadDim)
+  using SmemLayoutKV = SmemLayout<kBlockN, kHeadDim>;   // K and V: (kBlockN, kHeadDim)
+  using SmemLayoutPdS = SmemLayout<kBlockM, kBlockN>;   // P and dS: (kBlockM, kBlockN)
+  using SmemLayoutQt = Transposed<SmemLayoutQ, kBlockM, kHeadDim>;      // (kHeadDim, kBlockM)
+  using SmemLayoutKt = Transposed<SmemLayoutKV, kBlockN, kHeadDim>;     // (kHeadDim, kBlockN)
+  using SmemLayoutPdSt = Transposed<SmemLayoutPdS, kBlockM, kBlockN>;   // (kBlockN, kBlockM)
+
+  static constexpr int kSmemQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kSmemKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kSmemPdSBytes = kBlockM * kBlockN * sizeof(Element);
+  // Q, dO, K, V, P, dS, then the block's logsumexp and rowsum(dO∘O) rows.
+  static constexpr int kSmemBytes =
+      2 * kSmemQBytes + 2 * kSmemKVBytes + 2 * kSmemPdSBytes + 2 * kBlockM * int(sizeof(float));
+
+  static constexpr int kElemsPerVector = 16 / sizeof(Element);
+  static constexpr int kThreadsPerRow = 64 / kElemsPerVector;
+  using GmemTiledCopy = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{},
+      Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
+             Stride<Int<kThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, Int<kElemsPerVector>>>{}));
+
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
+}  // namespace flashtile::sm80
