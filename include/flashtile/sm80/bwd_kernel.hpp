@@ -22,7 +22,7 @@
 
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/sm80/fwd_kernel.hpp"
+#include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {

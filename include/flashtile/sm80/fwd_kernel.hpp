@@ -22,40 +22,12 @@
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/softmax.hpp"
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {
 
 using namespace cute;
-
-// Copies whole rows of a (CPY, CPY_ROWS, CPY_COLS) partition, zero-filling the
-// destination rows at or past rows_valid (their coordinates from `coords`).
-template <class TiledCopy, class Src, class Dst, class Coords>
-CUTE_DEVICE void copy_rows_or_zero(TiledCopy const& tiled_copy, Src const& src, Dst&& dst,
-                                   Coords const& coords, int rows_valid) {
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(dst); ++m) {
-    if (get<0>(coords(0, m, 0)) < rows_valid) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(dst); ++k) copy(tiled_copy, src(_, m, k), dst(_, m, k));
-    } else {
-      clear(dst(_, m, _));
-    }
-  }
-}
-
-// Copies the rows of a (CPY, CPY_ROWS, CPY_COLS) partition below rows_valid.
-template <class TiledCopy, class Src, class Dst, class Coords>
-CUTE_DEVICE void copy_rows(TiledCopy const& tiled_copy, Src const& src, Dst&& dst,
-                           Coords const& coords, int rows_valid) {
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(dst); ++m) {
-    if (get<0>(coords(0, m, 0)) < rows_valid) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(dst); ++k) copy(tiled_copy, src(_, m, k), dst(_, m, k));
-    }
-  }
-}
 
 template <class Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads)
