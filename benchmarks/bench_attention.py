@@ -1,34 +1,80 @@
 #!/usr/bin/env python3
-"""Attention forward throughput: flashtile beside torch SDPA's backends and cuBLAS.
+"""Attention throughput, forward and backward: flashtile beside torch SDPA's
+backends and cuBLAS.
 
-Every implementation runs in this one process on the same inputs; for each case
-all of them are checked, then timed back to back, so that the ratios between
-them hold on a shared, noisy machine. The sweep is the standard one (shared
-BENCHMARKING.md): batch · seqlen = 16384 tokens, nheads = 2048 / hdim, seqlen
-512 … 16k, hdim 64 and 128, causal and not.
+Every implementation runs in this one process on the same inputs; for each
+case all of them are checked, then timed back to back, so that the ratios
+between them hold on a shared, noisy machine. The sweep is the standard one
+(shared BENCHMARKING.md): batch · seqlen = 16384 tokens, nheads = 2048 / hdim,
+seqlen 512 … 16k, hdim 64 and 128, causal and not, in three directions:
 
-    python3 benchmarks/bench_attention.py              # the whole sweep, bf16
+    fwd     the forward alone (inputs that do not require grad);
+    bwd     the backward alone: one forward with inputs that require grad, then
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) timed
+            over and over on that one graph (flash-attention's own method);
+    fwdbwd  forward and backward together, a fresh graph each call.
+
+FLOPs are FlashAttention's: forward 4 · b · h · s² · d, backward 2.5 × that,
+forward + backward 3.5 ×, all halved when causal (DIRECTION_FLOPS). dout is
+torch.randn, never zeros. The cuBLAS rows (cublas_bmm, the QKᵀ-shaped batched
+GEMM; cublas_gemm, an 8192³ GEMM) are forward-only matmul ceilings, recorded
+with direction fwd and drawn in every row of the plot.
+
+    python3 benchmarks/bench_attention.py              # the whole sweep + memory, bf16
     python3 benchmarks/bench_attention.py --quick      # smoke run, prints only
     python3 benchmarks/bench_attention.py --dry-run    # the plan, no GPU needed
 
-Check before timing: the output of every attention implementation is compared,
-on three blocks of query rows (the first of batch 0, a random one, the last of
-the last batch; all heads, all keys), with attention computed in float64. The
-bar is FlashAttention's: error ≤ 2 × the error of the same math done by
-PyTorch in the input dtype + the rounding of the exact output to that dtype.
-flashtile's LSE is checked the same way. A result that misses the bar gets no
-time (FAIL), and the exit status is 1.
+Check before timing, forward: the output of every attention implementation is
+compared, on three blocks of query rows (the first of batch 0, a random one,
+the last of the last batch; all heads, all keys), with attention computed in
+float64. The bar is FlashAttention's: error ≤ 2 × the error of the same math
+done by PyTorch in the input dtype + the rounding of the exact output to that
+dtype. flashtile's LSE is checked the same way. When a backward direction is
+asked for, the output of the forward that builds the graph (inputs requiring
+grad) is checked the same way too.
 
-An implementation that cannot run a case (a flashtile build without that
-combination, an SDPA backend that refuses the shapes) is skipped for that case,
-said so as it happens and summed up at the end.
+Check before timing, backward: every implementation's dq, dk, dv (from its
+first backward, on the graph that bwd then times) are compared on three
+(batch, head) pairs — (0, 0), a random one, (last, last) — with the gradients
+of that one head's attention computed by torch.autograd over all its query and
+key rows in float64 (the head's full s × s scores: 8 B · s² each, a few GiB at
+16k; heads are independent, so a head is an exact slice at every seqlen). The
+bar, per tensor, is FlashAttention's again: max error ≤ 2 × the max error of
+the same autograd math in the input dtype + the rounding of the exact gradient
+to that dtype.
+
+A result that misses a bar gets no time (FAIL) in the directions it concerns
+(a wrong forward: all three; a wrong backward: bwd and fwdbwd), and the exit
+status is 1. An implementation that cannot run a case (a flashtile build
+without that combination or without a backward, an SDPA backend that refuses
+the shapes or the backward) is skipped for that case and direction, said so as
+it happens and summed up at the end.
+
+Outputs: a table per direction (TFLOP/s, and flashtile ÷ SDPA flash and ÷ SDPA
+cuDNN); the results CSV (schema in BENCHMARKING.md, all directions in one file)
+and its plot, a row of panels per direction, a column per (hdim, causal).
+Should the run stop on an exception (a kernel fault), the rows timed so far go
+to <results>.partial.csv first.
+
+Peak memory (--memory; on by default for the full sweep): after the sweep,
+for hdim 128 and 64, batch 1, nheads 2048 / hdim, seqlen 16k and 32k, not
+causal, in the run's dtype: torch.cuda.max_memory_allocated() above what q, k,
+v and dout hold, during flashtile's forward and during its forward + backward
+(SDPA flash beside it for comparison), after one warm-up pass. Printed as a
+table beside the bytes of one (b, s, h, d) tensor (each of q, k, v, out, dout,
+dq, dk, dv is one) and of the LSE; written to <results>-memory.csv next to the
+results file when there is one.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import dataclasses
 import functools
+import gc
+import itertools
 import math
 import random
 import re
@@ -37,7 +83,7 @@ import statistics
 import subprocess
 import sys
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +92,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from plot_results import plot_results, write_results
+from plot_results import format_meta, plot_results, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENS = 16384  # batch · seqlen
@@ -56,7 +102,8 @@ HDIMS = (64, 128)
 CAUSALS = (0, 1)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # FLOPs of each direction as a multiple of the forward's (BENCHMARKING.md).
-DIRECTION_FLOPS = {"fwd": 1.0}
+DIRECTION_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+GRAD_DIRECTIONS = ("bwd", "fwdbwd")  # the directions that need a backward
 SDPA_BACKENDS = {
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -68,13 +115,22 @@ GEMM_SIZE = 8192
 QUICK_SEQLENS = (1024,)
 PROBE_ROWS = 128  # query rows per checked block
 LSE_ATOL = 1e-4  # float32 LSE of O(10): a few ulps of slack
+GRAD_NAMES = ("dq", "dk", "dv")
 WARMUP_MS, REP_MS, MIN_REPS = 25.0, 100.0, 10
 L2_FLUSH_BYTES = 256 << 20  # > the 50 MiB L2 of H100/H200
+MEMORY_HDIMS = (128, 64)
+MEMORY_SEQLENS = (16384, 32768)
+MEMORY_IMPLS = ("flashtile", "sdpa_flash")
+MEMORY_COLUMNS = (
+    "impl", "dtype", "hdim", "causal", "batch", "nheads", "seqlen",
+    "tensor_bytes", "lse_bytes", "fwd_peak_bytes", "fwdbwd_peak_bytes",
+)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One attention problem of the sweep: square (seqlen_q = seqlen_k), no GQA."""
+    """One attention problem of the sweep in one direction: square
+    (seqlen_q = seqlen_k), no GQA."""
 
     direction: str
     dtype: str
@@ -95,6 +151,11 @@ class Case:
         return (self.batch, self.seqlen, self.nheads, self.hdim)
 
     @property
+    def point(self) -> tuple[str, int, int, int]:
+        """The problem without its direction: cases that share inputs and checks."""
+        return (self.dtype, self.hdim, self.causal, self.seqlen)
+
+    @property
     def flops(self) -> float:
         fwd = 4 * self.batch * self.nheads * self.seqlen * self.seqlen * self.hdim
         return fwd * DIRECTION_FLOPS[self.direction] / (2 if self.causal else 1)
@@ -104,8 +165,12 @@ class Case:
         """QKᵀ alone: (b·h, s, d) × (b·h, d, s)."""
         return 2 * self.batch * self.nheads * self.seqlen * self.seqlen * self.hdim
 
-    def __str__(self) -> str:
+    @property
+    def problem(self) -> str:
         return f"hdim {self.hdim} causal {self.causal} seqlen {self.seqlen}"
+
+    def __str__(self) -> str:
+        return f"{self.direction} {self.problem}"
 
 
 def result_row(impl: str, case: Case, ms: float, flops: float, **shape) -> dict:
@@ -122,7 +187,8 @@ def result_row(impl: str, case: Case, ms: float, flops: float, **shape) -> dict:
 
 
 def attention_fn(impl: str, q, k, v, causal: int):
-    """A no-argument callable returning impl's attention output, (b, s, h, d)."""
+    """A no-argument callable returning impl's attention output, (b, s, h, d).
+    With q, k, v that require grad, each call builds an autograd graph."""
     if impl == "flashtile":
         # Imported here so that a missing or partial build skips flashtile's
         # rows, with the reason, instead of stopping the sweep.
@@ -135,26 +201,67 @@ def attention_fn(impl: str, q, k, v, causal: int):
 
 
 def impl_context(impl: str):
-    """SDPA's backend choice, held around the check and the timing, not each call."""
+    """SDPA's backend choice, held around the check and the timing (forward and
+    backward alike), not each call."""
     return sdpa_kernel(SDPA_BACKENDS[impl]) if impl in SDPA_BACKENDS else contextlib.nullcontext()
 
 
-def first_call(impl: str, q, k, v, causal: int):
-    """(fn, its output, None), or (None, None, why) if impl cannot run this case."""
+def attempt(thunk):
+    """(thunk(), None), or (None, why) if it raised: impl cannot run this case."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            fn = attention_fn(impl, q, k, v, causal)
-            with impl_context(impl):
-                out = fn()
+            result = thunk()
             torch.cuda.synchronize()
         except torch.AcceleratorError:  # a kernel fault: the context is lost, nothing after it can run
             raise
         except Exception as e:  # an unbuilt combination's error type is the library's own
             # SDPA says why a backend refused only in warnings; keep those.
             reasons = [f"{type(e).__name__}: {_first_line(e)}"] + [_first_line(w.message) for w in caught]
-            return None, None, "; ".join(dict.fromkeys(reasons))[:300]
-    return fn, out, None
+            return None, "; ".join(dict.fromkeys(reasons))[:300]
+    return result, None
+
+
+def first_call(impl: str, q, k, v, causal: int):
+    """(fn, its output, None), or (None, None, why) if impl cannot run this case."""
+
+    def thunk():
+        fn = attention_fn(impl, q, k, v, causal)
+        with impl_context(impl):
+            return fn, fn()
+
+    result, why = attempt(thunk)
+    return (None, None, why) if why else (*result, None)
+
+
+@dataclass
+class Backward:
+    """One implementation's graph and what times it."""
+
+    out: torch.Tensor  # the forward's output, its graph retained
+    grads: tuple  # (dq, dk, dv) of the first backward on that graph
+    bwd: object  # () -> grads, the backward alone, on the retained graph
+    fwdbwd: object  # () -> grads, forward and backward, a fresh graph each call
+
+
+def first_backward(impl: str, q, k, v, dout, causal: int):
+    """(Backward, None), or (None, why) if impl has no backward for this case.
+    q, k, v: leaves that require grad."""
+    inputs = (q, k, v)
+
+    def thunk():
+        fwd = attention_fn(impl, q, k, v, causal)
+        with impl_context(impl):
+            out = fwd()
+            grads = torch.autograd.grad(out, inputs, dout, retain_graph=True)
+        return Backward(
+            out=out,
+            grads=grads,
+            bwd=lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True),
+            fwdbwd=lambda: torch.autograd.grad(fwd(), inputs, dout),
+        )
+
+    return attempt(thunk)
 
 
 def _first_line(x) -> str:
@@ -225,6 +332,7 @@ def _max_err(x, ref) -> float:
 
 def check_output(ref: Reference, out, q) -> tuple[float, str | None]:
     """(max error on the reference's blocks, what is wrong or None)."""
+    out = out.detach()
     if out.shape != q.shape or out.dtype != q.dtype:
         return math.nan, f"output {tuple(out.shape)} {out.dtype}, expected {tuple(q.shape)} {q.dtype}"
     if not torch.isfinite(out).all():
@@ -247,6 +355,84 @@ def check_flashtile_lse(ref: Reference, q, k, v, causal: int) -> tuple[float, st
     return err, None if err <= ref.lse_bound else f"lse error {err:.2e} > bound {ref.lse_bound:.2e}"
 
 
+def head_grads(q, k, v, dout, batch_idx: int, head: int, causal: int, dtype):
+    """(dq, dk, dv), each (s, d) float64, of head `head` of batch `batch_idx`:
+    that head's whole attention (all query rows, all keys) and its backward,
+    done by torch.autograd in `dtype`."""
+    qs, ks, vs = (x.detach()[batch_idx, :, head].to(dtype, copy=True).requires_grad_() for x in (q, k, v))
+    douts = dout.detach()[batch_idx, :, head].to(dtype)
+    seqlen = q.shape[1]
+    with torch.enable_grad():
+        scores = (qs @ ks.transpose(0, 1)) * q.shape[-1] ** -0.5  # (s, s)
+        if causal:
+            mask = torch.ones(seqlen, seqlen, dtype=torch.bool, device=q.device).triu_(1)
+            scores.masked_fill_(mask, float("-inf"))  # mul by a scalar saves nothing: in place is safe
+            del mask
+        probs = torch.softmax(scores, dim=-1)
+        del scores  # only probs is saved for the backward
+        out = probs @ vs
+        del probs
+        grads = torch.autograd.grad(out, (qs, ks, vs), douts)
+    return tuple(g.double() for g in grads)
+
+
+@dataclass
+class GradReference:
+    """float64 gradients of a few whole heads, and the error bars per tensor."""
+
+    heads: list[tuple[int, int]]  # (batch index, head index)
+    grads: list[tuple[torch.Tensor, ...]]  # per head, (dq, dk, dv), each (s, d)
+    torch_err: tuple[float, ...]  # per tensor: the same autograd math in the input dtype, against float64
+    atol: tuple[float, ...]  # per tensor: float64 gradient rounded to the input dtype
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        return tuple(2 * e + a for e, a in zip(self.torch_err, self.atol))
+
+
+def make_grad_reference(q, k, v, dout, case: Case, seed: int) -> GradReference:
+    pick = random.Random(seed + 1_000_003)
+    heads = list(dict.fromkeys([
+        (0, 0),
+        (pick.randrange(case.batch), pick.randrange(case.nheads)),
+        (case.batch - 1, case.nheads - 1),
+    ]))
+    exact, same_dtype = [], []
+    for b, h in heads:
+        exact.append(head_grads(q, k, v, dout, b, h, case.causal, torch.float64))
+        same_dtype.append(head_grads(q, k, v, dout, b, h, case.causal, q.dtype))
+    n = len(GRAD_NAMES)
+    return GradReference(
+        heads=heads,
+        grads=exact,
+        torch_err=tuple(max(_max_err(lo[i], ex[i]) for lo, ex in zip(same_dtype, exact)) for i in range(n)),
+        atol=tuple(max(_max_err(ex[i].to(q.dtype), ex[i]) for ex in exact) for i in range(n)),
+    )
+
+
+def check_grads(ref: GradReference, grads, inputs) -> tuple[tuple[float, ...], str | None]:
+    """(max error per tensor on the reference's heads, what is wrong or None)."""
+    nan = (math.nan,) * len(GRAD_NAMES)
+    if len(grads) != len(GRAD_NAMES):
+        return nan, f"{len(grads)} gradients, expected {len(GRAD_NAMES)}"
+    for name, g, x in zip(GRAD_NAMES, grads, inputs):
+        if g is None:
+            return nan, f"{name} is None"
+        if g.shape != x.shape or g.dtype != x.dtype:
+            return nan, f"{name} {tuple(g.shape)} {g.dtype}, expected {tuple(x.shape)} {x.dtype}"
+        if not torch.isfinite(g).all():
+            return nan, f"non-finite values in {name}"
+    errs = tuple(
+        max(_max_err(g[b, :, h], exact[i]) for (b, h), exact in zip(ref.heads, ref.grads))
+        for i, g in enumerate(grads)
+    )
+    wrong = [
+        f"{name} error {err:.2e} > bound {bound:.2e}"
+        for name, err, bound in zip(GRAD_NAMES, errs, ref.bounds) if not err <= bound
+    ]
+    return errs, "; ".join(wrong) or None
+
+
 # --- timing -------------------------------------------------------------------------
 
 
@@ -262,6 +448,9 @@ def time_ms(fn) -> float:
     the loops from 5 calls, warm up for ~WARMUP_MS, then time ~REP_MS of calls
     one by one. Zeroing a buffer larger than L2 before every call means no call
     finds its inputs in cache, which is what rotating input sets would buy.
+    A backward's kernels go to the stream its forward used (here the current
+    one), and autograd.grad returns once they are queued, so the events hold
+    them.
     """
     flush = _l2_flush_buffer()
     fn()
@@ -294,65 +483,126 @@ def time_ms(fn) -> float:
 class Sweep:
     """Rows for the CSV, and what the table and the summary need."""
 
-    def __init__(self, write):
-        self.write = write  # prints without breaking the progress bar
+    def __init__(self, bar):
+        self.bar = bar
+        self.write = bar.write  # prints without breaking the progress bar
         self.rows: list[dict] = []
         self.skipped: Counter = Counter()  # (impl, reason) -> cases
+        self.skipped_directions: defaultdict = defaultdict(set)  # (impl, reason) -> directions
         self.failed: list[str] = []
-        self.failed_cells: set = set()  # (impl, hdim, causal, seqlen)
+        self.failed_cells: set = set()  # (impl, direction, hdim, causal, seqlen)
         self.bmm_done: set = set()  # (hdim, seqlen)
 
-    def attention_case(self, case: Case, impls: list[str], seed: int) -> None:
+    def _skip(self, impl: str, cases: list[Case], why: str) -> None:
+        if not cases:
+            return
+        directions = "/".join(c.direction for c in cases)
+        if not self.skipped[impl, why]:  # said once here, counted in the summary
+            self.write(f"  skip {impl} {directions} ({cases[0].problem}): {why}")
+        self.skipped[impl, why] += len(cases)
+        self.skipped_directions[impl, why].update(c.direction for c in cases)
+
+    def _fail(self, impl: str, cases: list[Case], what: str, wrong: str) -> None:
+        self.failed.append(f"{impl} {what} ({cases[0].problem}): {wrong}")
+        self.write(f"  FAIL {impl} {what} ({cases[0].problem}): {wrong}")
+        for c in cases:
+            self.failed_cells.add((impl, c.direction, c.hdim, c.causal, c.seqlen))
+
+    def attention_point(self, cases: list[Case], impls: list[str], seed: int) -> None:
+        """All directions of one problem: inputs made once, every impl checked,
+        then, direction by direction, every impl that passed timed back to back."""
+        case = cases[0]
+        grad_cases = [c for c in cases if c.direction in GRAD_DIRECTIONS]
+        self.bar.set_description(f"check {case.problem}")
         torch.manual_seed(seed)
-        q, k, v = (torch.randn(case.shape, device="cuda", dtype=DTYPES[case.dtype]) for _ in range(3))
+        dtype = DTYPES[case.dtype]
+        q, k, v = (torch.randn(case.shape, device="cuda", dtype=dtype) for _ in range(3))
+        dout = torch.randn(case.shape, device="cuda", dtype=dtype) if grad_cases else None
+        # Leaves for the backward, sharing q, k, v's storage; q, k, v themselves
+        # stay free of autograd (the forward's timing and the references).
+        q_g, k_g, v_g = (x.detach().requires_grad_() for x in (q, k, v))
         attention = [i for i in impls if i in ATTENTION_IMPLS]
-        passed = {}
+        timed: dict[str, dict] = {c.direction: {} for c in cases}  # direction -> impl -> fn
         if attention:
             ref = make_reference(q, k, v, case, seed)
-            report = []
+            grad_ref = None  # made on first need
+            report, grad_report = [], []
             for impl in attention:
                 fn, out, why = first_call(impl, q, k, v, case.causal)
                 if why:
-                    if not self.skipped[impl, why]:  # said once here, counted in the summary
-                        self.write(f"  skip {impl} ({case}): {why}")
-                    self.skipped[impl, why] += 1
+                    self._skip(impl, cases, why)
                     report.append(f"{impl} skipped")
                     continue
                 err, wrong = check_output(ref, out, q)
+                del out
                 note = f"{impl} {err:.1e}"
                 if not wrong and impl == "flashtile":
                     lse_err, wrong = check_flashtile_lse(ref, q, k, v, case.causal)
                     note += f" (lse {lse_err:.1e})"
                 if wrong:
-                    self.failed.append(f"{impl} ({case}): {wrong}")
-                    self.failed_cells.add((impl, case.hdim, case.causal, case.seqlen))
-                    self.write(f"  FAIL {impl} ({case}): {wrong}")
-                    note += " FAIL"
-                else:
-                    passed[impl] = fn
+                    self._fail(impl, cases, "forward", wrong)
+                    report.append(note + " FAIL")
+                    continue
                 report.append(note)
+                if "fwd" in timed:
+                    timed["fwd"][impl] = fn
+                if not grad_cases:
+                    continue
+                backward, why = first_backward(impl, q_g, k_g, v_g, dout, case.causal)
+                if why:
+                    self._skip(impl, grad_cases, why)
+                    grad_report.append(f"{impl} skipped")
+                    continue
+                if grad_ref is None:
+                    grad_ref = make_grad_reference(q, k, v, dout, case, seed)
+                err, wrong = check_output(ref, backward.out, q)
+                grad_note, what = f"{impl} out {err:.1e}", "forward with requires_grad"
+                if not wrong:
+                    errs, wrong = check_grads(grad_ref, backward.grads, (q, k, v))
+                    grad_note += "".join(f" {n} {e:.1e}" for n, e in zip(GRAD_NAMES, errs))
+                    what = "backward"
+                backward.grads = None  # checked; not needed for the timing
+                if wrong:
+                    self._fail(impl, grad_cases, what, wrong)
+                    grad_report.append(grad_note + " FAIL")
+                    continue
+                grad_report.append(grad_note)
+                for c in grad_cases:
+                    timed[c.direction][impl] = getattr(backward, c.direction)
             self.write(
-                f"check {case}: bound {ref.out_bound:.1e} = 2 × torch-{case.dtype} {ref.torch_out_err:.1e}"
+                f"check {case.problem}: bound {ref.out_bound:.1e} = 2 × torch-{case.dtype} {ref.torch_out_err:.1e}"
                 f" + {ref.out_atol:.1e}; lse bound {ref.lse_bound:.1e} | " + " | ".join(report)
             )
-        for impl, fn in passed.items():
-            with impl_context(impl):
-                ms = time_ms(fn)
-            self.rows.append(result_row(impl, case, ms, case.flops))
+            if grad_report:
+                bounds = "" if grad_ref is None else " bounds " + "; ".join(
+                    f"{n} {b:.1e} = 2 × torch-{case.dtype} {e:.1e} + {a:.1e}"
+                    for n, b, e, a in zip(GRAD_NAMES, grad_ref.bounds, grad_ref.torch_err, grad_ref.atol)
+                ) + f" on (b, h) {grad_ref.heads}"
+                self.write(f"check grads {case.problem}:{bounds} | " + " | ".join(grad_report))
+            del ref, grad_ref
+        for c in cases:
+            self.bar.set_description(str(c))
+            for impl, fn in timed[c.direction].items():
+                with impl_context(impl):
+                    ms = time_ms(fn)
+                self.rows.append(result_row(impl, c, ms, c.flops))
+            self.bar.update()
+        timed.clear()  # frees the retained graphs
         if "cublas_bmm" in impls and (case.hdim, case.seqlen) not in self.bmm_done:
             self.bmm_done.add((case.hdim, case.seqlen))
             bh_q, bh_k = (x.transpose(1, 2).reshape(-1, case.seqlen, case.hdim) for x in (q, k))  # (b·h, s, d)
             ms = time_ms(lambda: torch.bmm(bh_q, bh_k.transpose(1, 2)))
-            self.rows.append(result_row("cublas_bmm", case, ms, case.bmm_flops, causal=0))
+            fwd_case = dataclasses.replace(case, direction="fwd")
+            self.rows.append(result_row("cublas_bmm", fwd_case, ms, case.bmm_flops, causal=0))
 
     def gemm(self, case: Case, seed: int) -> None:
         """The large square GEMM, M = N = K = GEMM_SIZE, recorded the way a bmm row
-        is (batch = nheads = 1, seqlen_q = M, seqlen_k = N, hdim = K)."""
+        is (direction fwd, batch = nheads = 1, seqlen_q = M, seqlen_k = N, hdim = K)."""
         torch.manual_seed(seed)
         a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=DTYPES[case.dtype]) for _ in range(2))
         ms = time_ms(lambda: a @ b)
         self.rows.append(result_row(
-            "cublas_gemm", case, ms, 2 * GEMM_SIZE**3,
+            "cublas_gemm", dataclasses.replace(case, direction="fwd"), ms, 2 * GEMM_SIZE**3,
             causal=0, batch=1, nheads=1, nheads_k=1, seqlen_q=GEMM_SIZE, seqlen_k=GEMM_SIZE, hdim=GEMM_SIZE,
         ))
 
@@ -383,32 +633,145 @@ class _PlainProgress:
         print(text, flush=True)
 
 
-def print_table(sweep: Sweep, cases: list[Case], impls: list[str]) -> None:
-    """TFLOP/s per case and impl ("skip": could not run, "FAIL": wrong result),
-    then flashtile's ratio to the SDPA FlashAttention-2 and cuDNN backends."""
-    tflops = {(r["impl"], r["hdim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in sweep.rows}
+def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: list[str]) -> None:
+    """Per direction: TFLOP/s per case and impl ("skip": could not run, "FAIL":
+    wrong result), then flashtile's ratio to the SDPA FlashAttention-2 and cuDNN
+    backends. cublas_bmm (forward-only, causal 0) is the same number in every table."""
+    tflops = {(r["impl"], r["direction"], r["hdim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in sweep.rows}
     columns = [i for i in impls if i != "cublas_gemm"]
     ratios = [b for b in ("sdpa_flash", "sdpa_cudnn") if "flashtile" in impls and b in impls]
-    if cases:
-        print(f"\n{cases[0].direction} {cases[0].dtype}, TFLOP/s; flashtile ÷ SDPA at the right")
+    widths = [14] * len(columns) + [9] * len(ratios)
+    for direction in directions:
+        direction_cases = [c for c in cases if c.direction == direction]
+        if not direction_cases:
+            continue
+        print(f"\n{direction} {direction_cases[0].dtype}, TFLOP/s ({DIRECTION_FLOPS[direction]:g} × forward FLOPs); "
+              "flashtile ÷ SDPA at the right")
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6}" + "".join(f" {c:>14}" for c in columns)
               + "".join(f" {'ft/' + b.removeprefix('sdpa_'):>9}" for b in ratios))
-    for c in cases:
-        # cublas_bmm has causal = 0 rows only; it shows on both.
-        value = {i: tflops.get((i, c.hdim, 0 if i == "cublas_bmm" else c.causal, c.seqlen)) for i in columns}
-        cells = [
-            "FAIL" if (i, c.hdim, c.causal, c.seqlen) in sweep.failed_cells else "skip" if value[i] is None
-            else f"{value[i]:.1f}"
-            for i in columns
-        ]
-        cells += [
-            "-" if None in (value["flashtile"], value[b]) else f"{value['flashtile'] / value[b]:.2f}" for b in ratios
-        ]
-        widths = [14] * len(columns) + [9] * len(ratios)
-        print(f"{c.hdim:>4} {c.causal:>6} {c.seqlen:>6}" + "".join(f" {x:>{w}}" for x, w in zip(cells, widths)))
+        for c in direction_cases:
+            value = {
+                i: tflops.get(("cublas_bmm", "fwd", c.hdim, 0, c.seqlen) if i == "cublas_bmm"
+                              else (i, direction, c.hdim, c.causal, c.seqlen))
+                for i in columns
+            }
+            cells = [
+                "FAIL" if (i, direction, c.hdim, c.causal, c.seqlen) in sweep.failed_cells
+                else "skip" if value[i] is None else f"{value[i]:.1f}"
+                for i in columns
+            ]
+            cells += [
+                "-" if None in (value["flashtile"], value[b]) else f"{value['flashtile'] / value[b]:.2f}"
+                for b in ratios
+            ]
+            print(f"{c.hdim:>4} {c.causal:>6} {c.seqlen:>6}" + "".join(f" {x:>{w}}" for x, w in zip(cells, widths)))
     for r in sweep.rows:
         if r["impl"] == "cublas_gemm":
             print(f"cublas_gemm {GEMM_SIZE}³ {r['dtype']}: {r['tflops']:.1f} TFLOP/s")
+
+
+# --- peak memory -----------------------------------------------------------------------
+
+
+def memory_plan(dtype: str) -> list[dict]:
+    """The memory cases: batch 1, nheads = HIDDEN / hdim, not causal."""
+    return [
+        dict(impl=impl, dtype=dtype, hdim=hdim, causal=0, batch=1, nheads=HIDDEN // hdim, seqlen=seqlen)
+        for hdim in MEMORY_HDIMS for seqlen in MEMORY_SEQLENS for impl in MEMORY_IMPLS
+    ]
+
+
+def memory_sizes(m: dict) -> tuple[int, int]:
+    """(bytes of one (b, s, h, d) tensor, bytes of the float32 LSE)."""
+    elem = torch.finfo(DTYPES[m["dtype"]]).bits // 8
+    return m["batch"] * m["seqlen"] * m["nheads"] * m["hdim"] * elem, m["batch"] * m["nheads"] * m["seqlen"] * 4
+
+
+def measure_memory(m: dict) -> tuple[dict | None, str | None]:
+    """(m with its tensor_bytes, lse_bytes, fwd_peak_bytes, fwdbwd_peak_bytes;
+    None) or (None, why). Peaks are max_memory_allocated() above what q, k, v
+    and dout hold, after one warm-up forward + backward."""
+    impl = m["impl"]
+    shape = (m["batch"], m["seqlen"], m["nheads"], m["hdim"])
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    dtype = DTYPES[m["dtype"]]
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype).requires_grad_() for _ in range(3))
+    dout = torch.randn(shape, device="cuda", dtype=dtype)
+    inputs = (q, k, v)
+
+    def thunk():
+        fn = attention_fn(impl, q, k, v, m["causal"])
+        with impl_context(impl):
+            torch.autograd.grad(fn(), inputs, dout)  # warm-up: lazy allocations do not count
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = fn()
+            torch.cuda.synchronize()
+            fwd_peak = torch.cuda.max_memory_allocated() - base
+            grads = torch.autograd.grad(out, inputs, dout)
+            torch.cuda.synchronize()
+            fwdbwd_peak = torch.cuda.max_memory_allocated() - base
+            del out, grads
+        return fwd_peak, fwdbwd_peak
+
+    peaks, why = attempt(thunk)
+    if why:
+        return None, why
+    tensor_bytes, lse_bytes = memory_sizes(m)
+    return m | dict(tensor_bytes=tensor_bytes, lse_bytes=lse_bytes,
+                    fwd_peak_bytes=peaks[0], fwdbwd_peak_bytes=peaks[1]), None
+
+
+def print_memory_table(rows: list[dict]) -> None:
+    mib = 2**20
+    print("\npeak memory above q, k, v, dout (MiB); one tensor = any of q, k, v, out, dout, dq, dk, dv; "
+          "least = out + lse + dq + dk + dv")
+    print(f"{'impl':>10} {'hdim':>4} {'nheads':>6} {'seqlen':>6} {'tensor':>8} {'lse':>6} {'fwd peak':>9} "
+          f"{'fwd+bwd peak':>12} {'least':>8} {'peak-least':>10} {'peak/tensor':>11}")
+    for r in rows:
+        least = 4 * r["tensor_bytes"] + r["lse_bytes"]
+        print(f"{r['impl']:>10} {r['hdim']:>4} {r['nheads']:>6} {r['seqlen']:>6} {r['tensor_bytes'] / mib:>8.1f} "
+              f"{r['lse_bytes'] / mib:>6.1f} {r['fwd_peak_bytes'] / mib:>9.1f} {r['fwdbwd_peak_bytes'] / mib:>12.1f} "
+              f"{least / mib:>8.1f} {(r['fwdbwd_peak_bytes'] - least) / mib:>10.1f} "
+              f"{r['fwdbwd_peak_bytes'] / r['tensor_bytes']:>11.2f}")
+
+
+def write_memory(path: Path, meta: dict[str, str], rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        f.write(format_meta(meta) + "\n")
+        writer = csv.DictWriter(f, fieldnames=MEMORY_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def memory_run(args, meta: dict[str, str], csv_path: Path | None) -> None:
+    rows = []
+    for m in memory_plan(args.dtype):
+        print(f"memory: {m['impl']} hdim {m['hdim']} seqlen {m['seqlen']}", flush=True)
+        row, why = measure_memory(m)
+        if why:
+            print(f"  skip memory {m['impl']} (hdim {m['hdim']} seqlen {m['seqlen']}): {why}")
+        else:
+            rows.append(row)
+    gc.collect()
+    torch.cuda.empty_cache()
+    if not rows:
+        print("memory: nothing measured")
+        return
+    print_memory_table(rows)
+    if csv_path:
+        path = memory_path(csv_path)
+        write_memory(path, meta, rows)
+        print(f"wrote {path}")
+
+
+def memory_path(csv_path: Path) -> Path:
+    return csv_path.with_name(csv_path.stem + "-memory.csv")
 
 
 # --- the command line ------------------------------------------------------------------
@@ -423,7 +786,8 @@ def parse_seqlen(text: str) -> int:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--direction", choices=list(DIRECTION_FLOPS), default="fwd", help="default: fwd")
+    parser.add_argument("--direction", nargs="+", choices=list(DIRECTION_FLOPS), metavar="DIR", dest="directions",
+                        help=f"one or more of {' '.join(DIRECTION_FLOPS)}; default: all three")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="default: bf16")
     parser.add_argument("--hdims", type=int, nargs="+", metavar="D", help=f"default: {' '.join(map(str, HDIMS))}")
     parser.add_argument("--seqlens", type=parse_seqlen, nargs="+", metavar="S",
@@ -432,9 +796,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--impls", nargs="+", choices=IMPLS, metavar="IMPL",
                         help=f"default: all of {' '.join(IMPLS)}")
     parser.add_argument("--quick", action="store_true", help="smoke run: seqlen 1k only unless --seqlens is given")
+    parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the sweep, peak memory of flashtile's (and SDPA flash's) forward + backward at "
+                             "batch 1, seqlen 16k and 32k, hdim 128 and 64; default: on for the full sweep, "
+                             "off for a narrowed or --quick run")
     parser.add_argument("--out", type=Path, metavar="CSV",
                         help="results file; default for the full sweep: benchmarks/results/<gpu>[-fp16].csv; "
-                             "a narrowed or --quick run writes no file unless given one")
+                             "a narrowed or --quick run writes no file unless given one. The memory table goes "
+                             "to CSV's name + -memory.csv")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="default: the CSV's path with .png")
     parser.add_argument("--commit", help="commit for the CSV header when the tree has no git "
                                          "(default: git rev-parse HEAD, else 'unknown')")
@@ -446,7 +815,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     for s in args.seqlens or ():
         if s <= 0 or TOKENS % s:
             parser.error(f"seqlen {s} does not divide the {TOKENS} tokens")
-    args.narrowed = args.quick or any(x is not None for x in (args.hdims, args.seqlens, args.causal, args.impls))
+    args.directions = [d for d in DIRECTION_FLOPS if d in (args.directions or DIRECTION_FLOPS)]
+    args.narrowed = (
+        args.quick or any(x is not None for x in (args.hdims, args.seqlens, args.causal, args.impls))
+        or args.directions != list(DIRECTION_FLOPS)
+    )
+    args.memory = not args.narrowed if args.memory is None else args.memory
     args.hdims = args.hdims or list(HDIMS)
     args.seqlens = args.seqlens or list(QUICK_SEQLENS if args.quick else SEQLENS)
     args.causal = args.causal or list(CAUSALS)
@@ -455,10 +829,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def plan(args) -> list[Case]:
+    """Cases in sweep order; the directions of one problem are adjacent."""
     return [
-        Case(args.direction, args.dtype, hdim, causal, seqlen)
+        Case(direction, args.dtype, hdim, causal, seqlen)
         for hdim in args.hdims for causal in args.causal for seqlen in args.seqlens
+        for direction in args.directions
     ]
+
+
+def points(cases: list[Case]) -> list[list[Case]]:
+    """cases grouped by problem (all directions of one problem together)."""
+    return [list(group) for _, group in itertools.groupby(cases, key=lambda c: c.point)]
 
 
 def output_paths(args, gpu_slug: str) -> tuple[Path | None, Path | None]:
@@ -477,19 +858,39 @@ def gpu_slug(name: str) -> str:
 def print_plan(args, cases: list[Case]) -> None:
     mib, gib = 2**20, 2**30
     elem = torch.finfo(DTYPES[args.dtype]).bits // 8
-    print(f"{args.direction} {args.dtype}; impls: {' '.join(args.impls)}")
-    print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'nheads':>6} {'GFLOP':>9} "
-          f"{'q,k,v,o MiB':>11} {'bmm GFLOP':>9} {'bmm out GiB':>11} {'check MiB':>9}")
-    for c in cases:
-        tensor = c.batch * c.seqlen * c.nheads * c.hdim * elem
+    groups = points(cases)
+    grad = any(d in GRAD_DIRECTIONS for d in args.directions)
+    print(f"directions: {' '.join(args.directions)}; {args.dtype}; impls: {' '.join(args.impls)}")
+    print(f"{len(groups)} problems × {len(args.directions)} directions = {len(cases)} cases; "
+          f"GFLOP per direction (bwd = 2.5 ×, fwdbwd = 3.5 × fwd; causal halves)")
+    print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'nheads':>6}"
+          + "".join(f" {d + ' GFLOP':>13}" for d in args.directions)
+          + f" {'tensor MiB':>10} {'bmm GFLOP':>9} {'bmm out GiB':>11} {'check MiB':>9}"
+          + (f" {'grad check GiB':>14}" if grad else ""))
+    for group in groups:
+        c = group[0]
+        tensor = c.batch * c.seqlen * c.nheads * c.hdim * elem  # each of q, k, v, out (and dout, dq, dk, dv)
         check = c.nheads * min(PROBE_ROWS, c.seqlen) * c.seqlen * 8  # one float64 block of scores
-        print(f"{c.hdim:>4} {c.causal:>6} {c.seqlen:>6} {c.batch:>5} {c.nheads:>6} {c.flops / 1e9:>9.1f} "
-              f"{tensor / mib:>11.0f} {c.bmm_flops / 1e9:>9.1f} "
-              f"{c.batch * c.nheads * c.seqlen**2 * elem / gib:>11.2f} {check / mib:>9.0f}")
+        # float64, one head: probs, its grad, the scores' grad before and after the scale, the mask
+        grad_check = c.seqlen**2 * (4 * 8 + 1)
+        print(f"{c.hdim:>4} {c.causal:>6} {c.seqlen:>6} {c.batch:>5} {c.nheads:>6}"
+              + "".join(f" {x.flops / 1e9:>13.1f}" for x in group)
+              + f" {tensor / mib:>10.0f} {c.bmm_flops / 1e9:>9.1f}"
+              f" {c.batch * c.nheads * c.seqlen**2 * elem / gib:>11.2f} {check / mib:>9.0f}"
+              + (f" {grad_check / gib:>14.2f}" if grad else ""))
     if "cublas_gemm" in args.impls:
         print(f"cublas_gemm {GEMM_SIZE}³: {2 * GEMM_SIZE**3 / 1e9:.1f} GFLOP")
     csv_path, png_path = output_paths(args, "<gpu>")
     print(f"results: {csv_path or 'not written (narrowed run without --out)'}; plot: {png_path or 'none'}")
+    if args.memory:
+        print(f"memory, after the sweep (fwd and fwd+bwd peaks; "
+              f"{memory_path(csv_path) if csv_path else 'printed only'}):")
+        for m in memory_plan(args.dtype):
+            tensor, lse = memory_sizes(m)
+            print(f"  {m['impl']:>10} hdim {m['hdim']:>3} batch {m['batch']} nheads {m['nheads']:>2} "
+                  f"seqlen {m['seqlen']:>5}: one tensor {tensor / mib:.0f} MiB, lse {lse / mib:.1f} MiB")
+    else:
+        print("memory: not measured (--memory to add it)")
 
 
 def run_metadata(args) -> dict[str, str]:
@@ -526,19 +927,26 @@ def main(argv=None) -> int:
     gemm = "cublas_gemm" in args.impls
     per_case = cases if args.impls != ["cublas_gemm"] else []
     with progress_bar(total=len(per_case) + gemm) as bar:
-        sweep = Sweep(bar.write)
-        if gemm:
-            bar.set_description("cublas_gemm")
-            sweep.gemm(cases[0], seed=len(cases))
-            bar.update()
-        for seed, case in enumerate(per_case):
-            bar.set_description(str(case))
-            sweep.attention_case(case, args.impls, seed)
-            bar.update()
+        sweep = Sweep(bar)
+        try:
+            if gemm:
+                bar.set_description("cublas_gemm")
+                sweep.gemm(cases[0], seed=len(cases))
+                bar.update()
+            for seed, group in enumerate(points(per_case)):
+                sweep.attention_point(group, args.impls, seed)
+        except BaseException:
+            if csv_path and sweep.rows:  # keep what was timed before the fault
+                partial = csv_path.with_suffix(".partial.csv")
+                write_results(partial, meta, sweep.rows)
+                print(f"\nstopped by an exception; the {len(sweep.rows)} rows timed so far: {partial}",
+                      file=sys.stderr)
+            raise
 
-    print_table(sweep, per_case, args.impls)
+    print_table(sweep, per_case, args.impls, args.directions)
     for (impl, why), count in sorted(sweep.skipped.items()):
-        print(f"skipped: {impl} in {count} case(s): {why}")
+        directions = "/".join(d for d in DIRECTION_FLOPS if d in sweep.skipped_directions[impl, why])
+        print(f"skipped: {impl} {directions} in {count} case(s): {why}")
     for failure in sweep.failed:
         print(f"FAILED check, no time recorded: {failure}")
     if csv_path:
@@ -549,6 +957,8 @@ def main(argv=None) -> int:
     if png_path and any(r["impl"] != "cublas_gemm" for r in sweep.rows):
         plot_results(sweep.rows, meta, png_path)
         print(f"wrote {png_path}")
+    if args.memory:
+        memory_run(args, meta, csv_path)
     return 1 if sweep.failed else 0
 
 

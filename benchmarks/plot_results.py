@@ -5,7 +5,9 @@
 
 redraws the plot from a results file, no GPU needed; OUT defaults to the CSV's
 path with a .png suffix. bench_attention.py writes the file through
-write_results() and draws it through plot_results().
+write_results() and draws it through plot_results(): a row of panels per
+direction (fwd, bwd, fwdbwd; whichever the file holds), a column per (hdim,
+causal).
 
 The file: one comment line `# gpu=..., torch=..., cuda=..., cudnn=...,
 commit=..., date=..., cmd=...` (cmd last: it may hold commas), then a CSV with
@@ -37,6 +39,8 @@ _ATTENTION_STYLE = {
 _BMM_STYLE = dict(label="cuBLAS bmm, QKᵀ shape", color="black", linestyle="--", linewidth=1.2)
 _GEMM_STYLE = dict(color="grey", linestyle=":", linewidth=1.2)
 _MATMUL_IMPLS = {"cublas_bmm", "cublas_gemm"}
+DIRECTIONS = ("fwd", "bwd", "fwdbwd")  # plot order, top to bottom
+_DIRECTION_LABEL = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "fwd+bwd"}
 
 
 def format_meta(meta: dict[str, str]) -> str:
@@ -88,10 +92,16 @@ def _seqlen_label(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
+def _direction_order(directions) -> list[str]:
+    known = [d for d in DIRECTIONS if d in directions]
+    return known + sorted(set(directions) - set(known))
+
+
 def plot_results(rows: list[dict], meta: dict[str, str], path: Path) -> None:
-    """TFLOP/s against seqlen: a panel per (direction, causal) row and hdim column,
-    a line per attention impl, the QKᵀ-shaped bmm of the same hdim dashed, the
-    large square GEMM as a dotted horizontal line."""
+    """TFLOP/s against seqlen: a row of panels per direction (fwd, bwd, fwdbwd),
+    a column per (hdim, causal); a line per attention impl, the QKᵀ-shaped bmm
+    of the panel's hdim dashed (a forward matmul, drawn in every row as the
+    ceiling), the large square GEMM as a dotted horizontal line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,24 +110,24 @@ def plot_results(rows: list[dict], meta: dict[str, str], path: Path) -> None:
     attention = [r for r in rows if r["impl"] not in _MATMUL_IMPLS]
     bmm = [r for r in rows if r["impl"] == "cublas_bmm"]
     gemm = [r for r in rows if r["impl"] == "cublas_gemm"]
-    panel_rows = sorted({(r["direction"], r["causal"]) for r in attention})
+    directions = _direction_order({r["direction"] for r in attention}) or ["fwd"]  # ["fwd"]: cublas_bmm rows only
     hdims = sorted({r["hdim"] for r in attention} | {r["hdim"] for r in bmm})
     if not hdims:
         raise ValueError("nothing to plot against seqlen: no attention or cublas_bmm rows")
-    if not panel_rows:  # cublas_bmm rows only
-        panel_rows = [("fwd", 0)]
+    causals = sorted({r["causal"] for r in attention}) or [0]
+    columns = [(hdim, causal) for hdim in hdims for causal in causals]
     impls = [i for i in _ATTENTION_STYLE if any(r["impl"] == i for r in attention)]
     impls += sorted({r["impl"] for r in attention} - set(impls))
     seqlens = sorted({r["seqlen_q"] for r in attention + bmm})
     ymax = max((r["tflops"] for r in rows), default=1.0) * 1.12
 
     fig, axes = plt.subplots(
-        len(panel_rows), len(hdims), figsize=(5.2 * len(hdims), 3.9 * len(panel_rows)),
+        len(directions), len(columns), figsize=(4.4 * len(columns), 3.5 * len(directions)),
         squeeze=False, sharex=True, sharey=True,
     )
     handles = {}  # label -> line
-    for (direction, causal), axes_row in zip(panel_rows, axes):
-        for hdim, ax in zip(hdims, axes_row):
+    for direction, axes_row in zip(directions, axes):
+        for (hdim, causal), ax in zip(columns, axes_row):
             for impl in impls:
                 points = sorted(
                     (r["seqlen_q"], r["tflops"]) for r in attention
@@ -135,7 +145,8 @@ def plot_results(rows: list[dict], meta: dict[str, str], path: Path) -> None:
                 size = f"{r['seqlen_q']}×{r['seqlen_k']}×{r['hdim']}"
                 line = ax.axhline(r["tflops"], label=f"cuBLAS GEMM {size} ({r['tflops']:.0f})", **_GEMM_STYLE)
                 handles[line.get_label()] = line
-            ax.set_title(f"{direction} · hdim {hdim} · {'causal' if causal else 'not causal'}", fontsize=10)
+            ax.set_title(f"{_DIRECTION_LABEL.get(direction, direction)} · hdim {hdim} · "
+                         f"{'causal' if causal else 'not causal'}", fontsize=10)
             ax.set_xscale("log", base=2)
             ax.set_xticks(seqlens, [_seqlen_label(n) for n in seqlens])
             ax.set_ylim(0, ymax)
@@ -148,6 +159,8 @@ def plot_results(rows: list[dict], meta: dict[str, str], path: Path) -> None:
 
     dtypes = "/".join(sorted({r["dtype"] for r in rows}))
     title = f"{meta.get('gpu', 'unknown GPU')} · {dtypes}"
+    if set(directions) - {"fwd"}:
+        title += " · FLOPs: bwd = 2.5 × fwd, fwd+bwd = 3.5 ×, causal halved"
     details = ", ".join(f"{key} {meta[key][:12]}" for key in ("torch", "cudnn", "commit") if key in meta)
     details += f", {meta['date'][:10]}" if "date" in meta else ""
     fig.suptitle(title + (f"\n{details}" if details else ""), fontsize=11)

@@ -74,6 +74,30 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
     return out, lse
 
 
+def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upcast=True):
+    """out and (dq, dk, dv) of :func:`attention_ref` for the cotangent ``dout``.
+
+    Autograd runs on detached leaf copies, so the caller's tensors (views,
+    tensors that require grad) are left alone. upcast=True first copies q, k,
+    v and dout to float32 (float64 stays float64): the gradients are the
+    reference's own, not rounded back to the input dtype. upcast=False keeps
+    the input dtype: the gradients PyTorch itself computes in low precision.
+    dk and dv have k's heads (GQA/MQA: each sums over its group).
+
+    Returns (out, (dq, dk, dv)), all detached.
+    """
+    if upcast:
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    else:
+        dtype = q.dtype
+    with torch.enable_grad():
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out, _lse = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale,
+                                  upcast=upcast)
+        grads = torch.autograd.grad(out, leaves, dout.detach().to(out.dtype))
+    return out.detach(), tuple(grads)
+
+
 def assert_close_fa_rule(actual, ref, torch_lowp, name, factor=2.0, atol=1e-5):
     """FlashAttention's bar: max|actual - ref| <= factor * max|torch_lowp - ref| + atol.
 

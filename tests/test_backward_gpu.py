@@ -1,0 +1,442 @@
+"""GPU tests of the backward against the float32 reference (FlashAttention's rule).
+
+Gradients come from autograd through the public functions (the custom op
+``flashtile::fwd`` with its registered backward, ``flashtile::bwd``) for a
+random ``dout``; the reference is autograd through ``attention_ref`` on float32
+leaf copies, and PyTorch's own error is the same autograd in the input dtype.
+Every gradient must satisfy max|flashtile - ref| <= 2 * max|pytorch - ref| +
+a small slack.
+
+The parametrizations cover rather than multiply, as in test_forward_gpu.py:
+every seqlen pair on one configuration, every (dtype, head dim, head grouping)
+on one medium size, then single tests for batch 7, layouts, packing, partial
+requires_grad, rows that see no key, torch.compile, ``deterministic`` and the
+activation memory at long sequence lengths. Combinations whose backward is
+missing from this build's kernel table are skipped with a reason.
+"""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import flashtile
+from flashtile import _C, _checks
+from reference import assert_close_fa_rule, attention_ref_backward
+
+BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
+FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
+BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn in BUILT_KERNELS
+                          if direction == "bwd" and arch == "sm80"}))
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+# FlashAttention's absolute slack on top of 2x PyTorch's error.
+GRAD_ATOL = 1e-5
+# With a single key the softmax is constant, so dq and dk are exactly 0, and
+# PyTorch's low-precision autograd cancels to exactly 0 as well: the rule then
+# leaves only the slack, while the kernel's dS = P * (dP - D) keeps the fp32
+# rounding of two dot products of length headdim (~1e-6..1e-5 after the
+# reduction over query rows). Any real bug there is orders of magnitude larger.
+GRAD_ATOL_ONE_KEY = 1e-4
+
+
+def require_built(head_dim, dtype):
+    combo = (head_dim, DTYPE_NAMES[dtype])
+    if combo not in FWD_BUILT or combo not in BWD_BUILT:
+        pytest.skip(f"hdim{head_dim}/{DTYPE_NAMES[dtype]} forward+backward is not in this build "
+                    f"(forward: {FWD_BUILT}, backward: {BWD_BUILT})")
+
+
+def default_config():
+    """One built (head_dim, dtype) for the tests that sweep something else."""
+    for head_dim, name in ((128, "bf16"), (64, "bf16"), (128, "fp16"), (64, "fp16")):
+        if (head_dim, name) in FWD_BUILT and (head_dim, name) in BWD_BUILT:
+            return head_dim, DTYPES[name]
+    pytest.skip(f"no forward+backward kernel pair in this build "
+                f"(forward: {FWD_BUILT}, backward: {BWD_BUILT})")
+
+
+def rand_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, requires_grad=True):
+    q = torch.randn(batch, seqlen_q, nheads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, seqlen_k, nheads_k, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(batch, seqlen_k, nheads_k, head_dim, device="cuda", dtype=dtype)
+    return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
+
+
+def poison_allocator(*likes):
+    """Best effort: leave NaN-filled blocks of the backward's allocation sizes
+    (one per gradient, and an fp32 one twice q's size for the dq accumulator)
+    in torch's caching allocator, so that an element the backward forgets to
+    write reads NaN rather than stale finite data."""
+    shapes = [(t.shape, t.dtype) for t in likes] + [(likes[0].shape, torch.float32)]
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in shapes]
+    del blocks
+
+
+def flash_grads(out, inputs, dout):
+    """Gradients of out for the cotangent dout, with NaN-poisoned free memory."""
+    poison_allocator(*inputs)
+    return torch.autograd.grad(out, inputs, dout)
+
+
+def check_grads(q, k, v, dout, out, grads, causal, softmax_scale=None, contiguous=True,
+                names=("dq", "dk", "dv")):
+    """out and each gradient not None against the reference, by the FA rule."""
+    ref_out, ref_grads = attention_ref_backward(q, k, v, dout, causal, softmax_scale)
+    pt_out, pt_grads = attention_ref_backward(q, k, v, dout, causal, softmax_scale, upcast=False)
+    assert_close_fa_rule(out, ref_out, pt_out, "out")
+    atol = GRAD_ATOL_ONE_KEY if k.shape[1] == 1 else GRAD_ATOL
+    for name, got, ref, pt, like in zip(names, grads, ref_grads, pt_grads, (q, k, v)):
+        if got is None:
+            continue
+        assert got.dtype == like.dtype, f"{name}: dtype {got.dtype}, expected {like.dtype}"
+        assert got.shape == like.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(like.shape)}"
+        if contiguous:
+            assert got.is_contiguous(), f"{name} is not contiguous: strides {got.stride()}"
+        assert_close_fa_rule(got, ref, pt, name, atol=atol)
+
+
+def run_and_check(q, k, v, causal, softmax_scale=None, dout=None):
+    out = flashtile.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    if dout is None:
+        dout = torch.randn_like(out)
+    grads = flash_grads(out, (q, k, v), dout)
+    check_grads(q, k, v, dout, out, grads, causal, softmax_scale)
+    return out, grads
+
+
+def assert_close_up_to_atomics(got, want, name):
+    """Equal up to the order of fp32 atomic adds (dq): each value may move by
+    an ulp of its dtype when rounded, plus a sliver of the largest value for
+    sums that cancel."""
+    eps = torch.finfo(want.dtype).eps
+    atol = eps * want.abs().max().item() / 16
+    torch.testing.assert_close(got, want, rtol=2 * eps, atol=atol,
+                               msg=lambda m: f"{name}: {m}")
+
+
+# --------------------------------------------------------------------------
+# numerics
+# --------------------------------------------------------------------------
+
+SEQLEN_PAIRS = [(1, 1), (1, 17), (17, 1), (17, 113), (113, 17), (257, 257), (1, 2049),
+                (1023, 2049), (2049, 1023)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
+def test_grads_seqlens(seqlen_q, seqlen_k, causal):
+    head_dim, dtype = default_config()
+    # batch 1 and 4 heads keep the fp32 reference at 2049 x 1023 small (~35 MB a score tensor)
+    q, k, v = rand_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("nheads, nheads_k", [(4, 4), (8, 2), (16, 2), (8, 1)],
+                         ids=["mha", "gqa4", "gqa8", "mqa"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_grads_dtype_headdim_grouping(dtype, head_dim, nheads, nheads_k, causal):
+    require_built(head_dim, dtype)
+    q, k, v = rand_qkv(2, 257, 400, nheads, nheads_k, head_dim, dtype)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(17, 113), (113, 17)])
+def test_grads_batch7(seqlen_q, seqlen_k, causal):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(7, seqlen_q, seqlen_k, 8, 2, head_dim, dtype)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("softmax_scale", [0.5, 0.05])
+def test_grads_softmax_scale(softmax_scale):
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 130, 190, 4, 2, head_dim, dtype)
+    run_and_check(q, k, v, True, softmax_scale)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grads_large_logits(causal):
+    """Scores with a spread of tens: P = exp(S - lse) must use the forward's lse exactly."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 300, 515, 4, 2, head_dim, dtype, requires_grad=False)
+    q = (q * 6).requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 17), (300, 129)])
+def test_rows_without_keys(seqlen_q, seqlen_k, dtype, head_dim):
+    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k query rows
+    see no key (lse -inf, out 0). Their P must be 0, not exp(-inf + inf) = NaN:
+    every gradient finite, dq exactly 0 on those rows."""
+    require_built(head_dim, dtype)
+    q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    dout = torch.randn_like(out)
+    dq, dk, dv = flash_grads(out, (q, k, v), dout)
+    empty = seqlen_q - seqlen_k
+    assert (out[:, :empty] == 0).all(), "out rows that see no key must be 0"
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        n_bad = int((~torch.isfinite(g)).sum())
+        assert n_bad == 0, f"{name}: {n_bad} of {g.numel()} elements are NaN or inf"
+    assert (dq[:, :empty] == 0).all(), (
+        f"dq rows that see no key must be 0; max |dq| there {dq[:, :empty].abs().max().item():.3e}"
+    )
+    check_grads(q, k, v, dout, out, (dq, dk, dv), causal=True)
+
+
+def test_repeated_runs_agree():
+    """dK/dV accumulate in registers, one CTA per key block walking its query
+    heads (bwd_kernel.hpp), so they repeat bit for bit; dQ sums fp32 atomics,
+    whose order varies, so it may move by an ulp and no more. A larger move is
+    a race."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 1023, 1023, 8, 2, head_dim, dtype)
+    dout = torch.randn(2, 1023, 8, head_dim, device="cuda", dtype=dtype)
+    first = flash_grads(flashtile.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+    for _ in range(3):
+        again = flash_grads(flashtile.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+        assert_close_up_to_atomics(again[0], first[0], "dq")
+        assert torch.equal(again[1], first[1]), "dk differs between identical runs"
+        assert torch.equal(again[2], first[2]), "dv differs between identical runs"
+
+
+# --------------------------------------------------------------------------
+# layouts, packing, partial requires_grad
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grads_non_contiguous_views(causal):
+    head_dim, dtype = default_config()
+    b, sq, sk, h, hk = 2, 131, 257, 4, 2
+    rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype)
+    # detach() keeps the view's strides and makes it a leaf of its own
+    q = rand(b, sq, 3 * h, head_dim)[:, :, h : 2 * h].detach().requires_grad_()  # heads slice
+    k = rand(b, hk, sk, head_dim).transpose(1, 2).detach().requires_grad_()     # (b, h, s, d)
+    v = rand(sk, b, hk, head_dim).transpose(0, 1).detach().requires_grad_()     # (s, b, h, d)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    run_and_check(q, k, v, causal)
+
+
+DOUT_LAYOUTS = ["transposed", "strided_heads", "odd_strides", "broadcast", "sum"]
+
+
+@pytest.mark.parametrize("layout", DOUT_LAYOUTS)
+def test_grads_non_contiguous_dout(layout):
+    """dout is whatever autograd hands over: any strides, even stride 0
+    (out.sum() gives ones expanded with all strides 0)."""
+    head_dim, dtype = default_config()
+    b, sq, sk, h, hk = 2, 131, 257, 4, 2
+    q, k, v = rand_qkv(b, sq, sk, h, hk, head_dim, dtype)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype)
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    if layout == "sum":
+        dout = torch.ones_like(out)
+        poison_allocator(q, k, v)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+    else:
+        if layout == "transposed":      # (b, h, s, d) storage
+            dout = rand(b, h, sq, head_dim).transpose(1, 2)
+        elif layout == "strided_heads":  # every other head of a wider tensor
+            dout = rand(b, sq, 2 * h, head_dim)[:, :, ::2]
+        elif layout == "odd_strides":    # strides not a multiple of 16 bytes
+            dout = rand(b, sq, h, head_dim + 3)[..., :head_dim]
+        else:                            # "broadcast": one row for all (b, s), stride 0
+            dout = rand(h, head_dim).expand(b, sq, h, head_dim)
+        assert not dout.is_contiguous() and dout.stride(-1) == 1
+        grads = flash_grads(out, (q, k, v), dout)
+    check_grads(q, k, v, dout, out, grads, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grads_qkvpacked(causal):
+    """The gradient is one tensor of qkv's shape (q, k and v are strided views)."""
+    head_dim, dtype = default_config()
+    qkv = torch.randn(2, 300, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    out = flashtile.flash_attn_qkvpacked_func(qkv, causal=causal)
+    dout = torch.randn_like(out)
+    (dqkv,) = flash_grads(out, (qkv,), dout)
+    assert dqkv.shape == qkv.shape and dqkv.dtype == qkv.dtype
+    check_grads(*qkv.unbind(2), dout, out, dqkv.unbind(2), causal, contiguous=False,
+                names=("dqkv[:, :, 0]", "dqkv[:, :, 1]", "dqkv[:, :, 2]"))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grads_kvpacked(causal):
+    head_dim, dtype = default_config()
+    q = torch.randn(2, 200, 8, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    kv = torch.randn(2, 333, 2, 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    out = flashtile.flash_attn_kvpacked_func(q, kv, causal=causal)
+    dout = torch.randn_like(out)
+    dq, dkv = flash_grads(out, (q, kv), dout)
+    assert dkv.shape == kv.shape and dkv.dtype == kv.dtype
+    assert dq.is_contiguous()
+    k, v = kv.unbind(2)
+    check_grads(q, k, v, dout, out, (dq, *dkv.unbind(2)), causal, contiguous=False,
+                names=("dq", "dkv[:, :, 0]", "dkv[:, :, 1]"))
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v", "kv"])
+def test_requires_grad_on_some_inputs(which):
+    """Only the inputs that require grad get one; the others stay plain tensors."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 177, 230, 8, 2, head_dim, dtype, requires_grad=False)
+    inputs = {"q": q, "k": k, "v": v}
+    for name in which:
+        inputs[name].requires_grad_()
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    assert out.requires_grad
+    dout = torch.randn_like(out)
+    poison_allocator(q, k, v)
+    out.backward(dout)
+    for name, t in inputs.items():
+        if name in which:
+            assert t.grad is not None, f"{name} requires grad but got none"
+        else:
+            assert t.grad is None, f"{name} does not require grad but got one"
+    check_grads(q, k, v, dout, out, (q.grad, k.grad, v.grad), causal=True)
+
+
+# --------------------------------------------------------------------------
+# torch integration: custom ops, torch.compile, deterministic, missing kernels
+# --------------------------------------------------------------------------
+
+
+def test_opcheck_fwd_with_grad():
+    """The autograd registration of flashtile::fwd, also under AOTDispatcher."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 65, 130, 4, 2, head_dim, dtype)
+    eps = torch.finfo(dtype).eps
+    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True),
+                          rtol=2 * eps, atol=1e-3)
+
+
+def test_opcheck_bwd():
+    """flashtile::bwd's schema and fake (GQA: dk, dv with nheads_k heads), on a strided dout."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 65, 130, 8, 2, head_dim, dtype, requires_grad=False)
+    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.1, True)
+    dout = torch.randn(2, 8, 65, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+    dq, dk, dv = torch.ops.flashtile.bwd(dout, q, k, v, out, lse, 0.1, True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    eps = torch.finfo(dtype).eps
+    torch.library.opcheck(torch.ops.flashtile.bwd.default, (dout, q, k, v, out, lse, 0.1, True),
+                          rtol=2 * eps, atol=1e-3)
+
+
+def test_torch_compile_fullgraph_grads_match_eager():
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(2, 257, 300, 8, 2, head_dim, dtype)
+    kv = torch.randn(2, 300, 2, 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    qkv = torch.randn(2, 129, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    d1 = torch.randn(2, 257, 8, head_dim, device="cuda", dtype=dtype)
+    d2 = torch.randn_like(d1)
+    d3 = torch.randn(2, 129, 4, head_dim, device="cuda", dtype=dtype)
+    leaves = (q, k, v, kv, qkv)
+
+    def loss_fn(q, k, v, kv, qkv):
+        out = flashtile.flash_attn_func(q * 0.5, k, v, causal=True)
+        out_kv = flashtile.flash_attn_kvpacked_func(q, kv)
+        out_qkv = flashtile.flash_attn_qkvpacked_func(qkv, softmax_scale=0.2, causal=True)
+        return (out * d1).sum() + (out_kv * d2).sum() + (out_qkv * d3).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_fn, fullgraph=True)
+    got = torch.autograd.grad(compiled(*leaves), leaves)
+    want = torch.autograd.grad(loss_fn(*leaves), leaves)
+    for name, g, w in zip(("dq", "dk", "dv", "dkv", "dqkv"), got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        assert_close_up_to_atomics(g, w, name)
+
+
+@pytest.mark.parametrize("api", ["func", "qkvpacked", "kvpacked"])
+def test_deterministic_backward_raises(api):
+    head_dim, dtype = default_config()
+    qkv = torch.randn(2, 65, 3, 4, head_dim, device="cuda", dtype=dtype)
+
+    def call(deterministic):
+        if api == "func":
+            return flashtile.flash_attn_func(*qkv.unbind(2), deterministic=deterministic)
+        if api == "qkvpacked":
+            return flashtile.flash_attn_qkvpacked_func(qkv, deterministic=deterministic)
+        return flashtile.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:],
+                                                  deterministic=deterministic)
+
+    # without gradients deterministic=True only concerns a backward that never runs
+    assert torch.equal(call(True), call(False))
+    qkv.requires_grad_()
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        call(True).sum().backward()
+
+
+def test_backward_kernel_not_built_is_named():
+    missing = [combo for combo in FWD_BUILT if combo not in BWD_BUILT]
+    if not missing:
+        pytest.skip(f"every forward kernel of this build has its backward (backward: {BWD_BUILT})")
+    head_dim, name = missing[0]
+    q, k, v = rand_qkv(1, 33, 33, 4, 4, head_dim, DTYPES[name], requires_grad=False)
+    q.requires_grad_()
+    with pytest.raises(RuntimeError) as info:
+        flashtile.flash_attn_func(q, k, v).sum().backward()
+    message = str(info.value)
+    assert str(head_dim) in message and name in message, message
+
+
+# --------------------------------------------------------------------------
+# memory: activations linear in seqlen
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seqlen", [16384, 32768])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_activation_memory_is_linear(record_property, head_dim, seqlen):
+    """Forward + backward allocate O(seqlen) memory: the peak above the inputs
+    stays within 3x the bytes of q, k, v, out, dout and their gradients plus
+    the fp32 dq accumulator, far below one seqlen^2 score matrix."""
+    dtype, nheads = torch.bfloat16, 4
+    require_built(head_dim, dtype)
+    q, k, v = rand_qkv(1, seqlen, seqlen, nheads, nheads, head_dim, dtype)
+    dout = torch.randn_like(q)
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - baseline
+
+    tensor_bytes = sum(t.nbytes for t in (q, k, v, out, dout, dq, dk, dv))
+    bound = 3 * tensor_bytes + 2 * q.nbytes  # + the fp32 dq accumulator
+    quadratic = seqlen * seqlen * nheads * 2  # one bf16 score matrix per head
+    mib = 2.0 ** 20
+    figures = (f"seqlen {seqlen}, hdim {head_dim}, {nheads} heads: peak above inputs "
+               f"{peak / mib:.1f} MiB, bound {bound / mib:.1f} MiB (tensors {tensor_bytes / mib:.1f} "
+               f"MiB), one seqlen^2 matrix {quadratic / mib:.0f} MiB")
+    record_property("peak_above_inputs_MiB", round(peak / mib, 1))
+    record_property("bound_MiB", round(bound / mib, 1))
+    record_property("seqlen_sq_matrix_MiB", round(quadratic / mib))
+    print(figures)
+    assert bound < quadratic, f"the bound would not catch a seqlen^2 buffer: {figures}"
+    assert peak <= bound, figures
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.isfinite(g).all(), f"{name} holds NaN or inf at {figures}"
+
+    # Spot check: with bottom-right causal masking the last rows of q form a
+    # problem of their own (same keys visible), so their dq has a cheap reference.
+    rows = 64
+    ref_out, (ref_dq, _, _) = attention_ref_backward(q[:, -rows:], k, v, dout[:, -rows:], True)
+    pt_out, (pt_dq, _, _) = attention_ref_backward(q[:, -rows:], k, v, dout[:, -rows:], True,
+                                                   upcast=False)
+    assert_close_fa_rule(out[:, -rows:], ref_out, pt_out, f"out (last {rows} rows)")
+    assert_close_fa_rule(dq[:, -rows:], ref_dq, pt_dq, f"dq (last {rows} rows)", atol=GRAD_ATOL)
