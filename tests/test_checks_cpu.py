@@ -133,6 +133,8 @@ def test_check_head_dim_with_synthetic_tables():
         ({"softmax_scale": torch.tensor(0.1)}, TypeError, ["softmax_scale", "Tensor"]),
         ({"softmax_scale": float("inf")}, ValueError, ["softmax_scale", "finite"]),
         ({"softmax_scale": float("nan")}, ValueError, ["softmax_scale", "finite"]),
+        ({"softmax_scale": 0.0}, ValueError, ["softmax_scale", "positive"]),
+        ({"softmax_scale": -0.125}, ValueError, ["softmax_scale", "positive"]),
         ({"causal": "yes"}, TypeError, ["causal", "bool"]),
         ({"causal": torch.tensor(True)}, TypeError, ["causal", "bool"]),
     ],
@@ -526,3 +528,12 @@ def test_fa_rule_handles_neg_inf_lse():
     inf_where_finite[1, 0, 0] = float("-inf")
     with pytest.raises(AssertionError, match="lse: 1 elements disagree on -inf"):
         assert_close_fa_rule(inf_where_finite, ref, lowp, "lse")
+
+
+@pytest.mark.parametrize("batch, nheads", [(65536, 1), (1, 65536)], ids=["batch", "nheads"])
+def test_grid_limits_are_named(batch, nheads):
+    """Batch and heads each map to a grid dimension capped at 65535: refused
+    with a message naming the dimension, not as a launch failure."""
+    q, k, v = make_qkv(batch=batch, seqlen_q=1, seqlen_k=1, nheads=nheads, nheads_k=1)
+    with raises(ValueError, "q:", "batch size" if batch > 1 else "nheads", "65535"):
+        flashtile.flash_attn_func(q, k, v)

@@ -68,6 +68,9 @@ __all__ = [
 ]
 
 
+_MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
+
 class KernelNotBuiltError(RuntimeError):
     """The combination is supported, but this build does not contain its kernel."""
 
@@ -134,7 +137,7 @@ def fwd_combos(built_kernels) -> tuple[tuple[int, str], ...]:
 
 
 def check_softmax_scale(softmax_scale) -> None:
-    """``None`` (use head_dim ** -0.5) or a finite real number."""
+    """``None`` (use head_dim ** -0.5) or a finite positive real number."""
     if softmax_scale is None:
         return
     if not _is_real(softmax_scale):
@@ -143,6 +146,10 @@ def check_softmax_scale(softmax_scale) -> None:
         )
     if not (-math.inf < softmax_scale < math.inf):  # also false for NaN
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if softmax_scale <= 0:
+        # The online softmax tracks the row max of the unscaled scores, which
+        # is the max of the scaled ones only for a positive scale.
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
 
 
 def check_options(
@@ -334,6 +341,14 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
             f"{nk}: nheads of {nq} ({nheads}) must be a multiple of nheads of {nk} ({nheads_k}), "
             f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
         )
+
+    # The kernels' grids put heads on y and batch on z, each at most 65535.
+    if batch > _MAX_GRID_YZ:
+        raise ValueError(f"{nq}: batch size {batch} is above the supported {_MAX_GRID_YZ}, "
+                         f"got shape {_fmt_shape(q)}")
+    if nheads > _MAX_GRID_YZ:
+        raise ValueError(f"{nq}: nheads {nheads} is above the supported {_MAX_GRID_YZ}, "
+                         f"got shape {_fmt_shape(q)}")
 
     check_head_dim(head_dim, q.dtype, fwd_built, name=nq)
 

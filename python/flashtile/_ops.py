@@ -1,19 +1,20 @@
-"""The torch.library custom op around the extension's forward.
+"""The torch.library custom ops around the extension: forward and backward.
 
 ``flashtile::fwd(q, k, v, softmax_scale, causal) -> (out, lse)`` allocates its
 outputs, handles the empty cases without touching the extension, and otherwise
 launches ``_C.fwd`` on the inputs' device and torch's current stream there.
 Its fake (meta) implementation gives torch.compile the output shapes; its
-autograd registration runs ``flashtile::bwd``, which saves only q, k, v, out
-and the row logsumexp from the forward.
+autograd registration saves only q, k, v, out and the row logsumexp and runs
+``flashtile::bwd`` (also a custom op with a fake) for the gradients.
 
 Arguments are assumed validated (``_checks``); the op itself checks only what
 tracing cannot see: the device's compute capability and the data pointers'
 alignment.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: torch.library.custom_op reads
+# the annotations to infer the op schemas, and torch 2.4 cannot read them as
+# strings.
 import functools
 
 import torch
