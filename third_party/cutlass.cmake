@@ -2,7 +2,9 @@
 # repo). Order: -DCUTLASS_DIR, then $CUTLASS_DIR, then the nvidia-cutlass
 # Python package, whose wheel ships them under cutlass_library/source/include.
 # Sets FLASHTILE_CUTLASS_INCLUDE_DIR. Used by flashtile's build and, installed
-# beside flashtileConfig.cmake, by projects that find_package(flashtile).
+# beside flashtileConfig.cmake, by projects that find_package(flashtile); with
+# FLASHTILE_CUTLASS_OPTIONAL set, a miss leaves it empty and sets
+# FLASHTILE_CUTLASS_NOT_FOUND_MESSAGE instead of stopping the configure.
 include_guard(GLOBAL)
 
 set(CUTLASS_DIR "" CACHE PATH "CUTLASS checkout or install prefix (holds include/cute)")
@@ -38,11 +40,15 @@ foreach(_dir IN LISTS _flashtile_cutlass_candidates)
 endforeach()
 
 if(NOT FLASHTILE_CUTLASS_INCLUDE_DIR)
-  message(FATAL_ERROR
+  string(CONCAT FLASHTILE_CUTLASS_NOT_FOUND_MESSAGE
     "flashtile: CUTLASS/CuTe headers not found (looked in: '${_flashtile_cutlass_candidates}').\n"
     "Provide them one of these ways:\n"
     "  pip install nvidia-cutlass          (the wheel ships the headers; needs the same Python)\n"
     "  cmake -DCUTLASS_DIR=/path/to/cutlass   or   export CUTLASS_DIR=/path/to/cutlass\n"
     "where the path holds include/cute/tensor.hpp.")
+  if(FLASHTILE_CUTLASS_OPTIONAL)  # set by flashtileConfig.cmake: find_package reports it
+    return()
+  endif()
+  message(FATAL_ERROR "${FLASHTILE_CUTLASS_NOT_FOUND_MESSAGE}")
 endif()
 message(STATUS "flashtile: CUTLASS headers: ${FLASHTILE_CUTLASS_INCLUDE_DIR}")

@@ -1,5 +1,5 @@
-// Times every kernel in this build's dispatch table beside cuBLAS on matched
-// shapes, in one process: cublasGemmStridedBatchedEx on QKᵀ's shape
+// Times every forward kernel in this build's dispatch table beside cuBLAS on
+// matched shapes, in one process: cublasGemmStridedBatchedEx on QKᵀ's shape
 // (b·h × [sq × d]·[d × sk]) and on P·V's shape (b·h × [sq × sk]·[sk × d]) --
 // the two matmuls attention is made of, at cuBLAS's rate -- and one large
 // square GEMM. Standard sweep shapes (batch · seqlen = 16384, nheads · hdim =
@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-5s %4s %6s %6s | %9s %10s %10s | %14s %14s\n", "dtype", "hdim", "causal", "seqlen",
               "flashtile", "bmm QK^T", "bmm PV", "ft/(QK^T+PV)", "ft/gemm8192");
   for (const auto& key : kernels) {
+    if (key.direction != flashtile::Direction::kFwd) continue;  // times the forward kernels
     const bool bf16 = key.dtype == flashtile::DType::kBf16;
     const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const int d = key.head_dim;
