@@ -1,7 +1,5 @@
 // Host launcher for the SM80 backward of one (head dim, dtype): zero the dQ
 // accumulator, rowsum(dO ∘ O), the main dK/dV kernel, then dQ's conversion.
-// Errors are peeked, not cleared, so the caller can read them with
-// cudaGetLastError().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,7 +25,7 @@ cudaError_t launch_bwd_dkdv(const BwdParams& params, float* dq_accum, const floa
   }
   const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.nheads_k, params.batch);
   kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params, dq_accum, dsum);
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
@@ -43,7 +41,7 @@ Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
   bwd_dot_do_o_kernel<Element, kHeadDim>
       <<<unsigned(ceil_div(rows, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dsum);
-  if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
+  if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
   const cudaError_t err = params.causal
                               ? launch_bwd_dkdv<Traits, true>(params, ws.dq_accum, ws.dsum, stream)
                               : launch_bwd_dkdv<Traits, false>(params, ws.dq_accum, ws.dsum, stream);
@@ -51,7 +49,7 @@ Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   const int64_t vectors = rows * kHeadDim / 8;
   bwd_convert_dq_kernel<Element, kHeadDim>
       <<<unsigned(ceil_div(vectors, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dq_accum);
-  return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
 }  // namespace flashtile::sm80
