@@ -12,9 +12,8 @@ tracing cannot see: the device's compute capability and the data pointers'
 alignment.
 """
 
-# No `from __future__ import annotations` here: torch.library.custom_op reads
-# the annotations to infer the op schemas, and torch 2.4 cannot read them as
-# strings.
+from __future__ import annotations
+
 import functools
 
 import torch
