@@ -1,0 +1,141 @@
+// Host-side checks of the public C++ API's error paths, run by ctest without a
+// GPU: can_implement_fwd/bwd refuse each bad argument with the right Status,
+// dispatch reports kNotBuilt when nothing is registered (nothing launches),
+// and the backward's workspace layout keeps its pieces aligned.
+#include <flashtile/flashtile.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+
+void expect(bool ok, const char* what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL %s\n", what);
+  }
+}
+
+// Never dereferenced: can_implement only looks at the address.
+void* fake_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+flashtile::FwdParams valid_fwd() {
+  flashtile::FwdParams p;
+  p.q = fake_pointer(0x10000), p.k = fake_pointer(0x20000), p.v = fake_pointer(0x30000);
+  p.out = fake_pointer(0x40000);
+  p.lse = static_cast<float*>(fake_pointer(0x50000));
+  p.batch = 2, p.seqlen_q = 17, p.seqlen_k = 33, p.nheads = 8, p.nheads_k = 2, p.head_dim = 64;
+  p.q_row_stride = p.out_row_stride = 8 * 64, p.k_row_stride = p.v_row_stride = 2 * 64;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = 64;
+  p.q_batch_stride = p.out_batch_stride = 17 * 8 * 64;
+  p.k_batch_stride = p.v_batch_stride = 33 * 2 * 64;
+  p.softmax_scale = 0.125f;
+  return p;
+}
+
+flashtile::BwdParams valid_bwd() {
+  const flashtile::FwdParams f = valid_fwd();
+  flashtile::BwdParams p;
+  p.q = f.q, p.k = f.k, p.v = f.v, p.out = f.out, p.lse = f.lse;
+  p.dout = fake_pointer(0x60000), p.dq = fake_pointer(0x70000), p.dk = fake_pointer(0x80000);
+  p.dv = fake_pointer(0x90000), p.workspace = fake_pointer(0xa0000);
+  p.batch = f.batch, p.seqlen_q = f.seqlen_q, p.seqlen_k = f.seqlen_k;
+  p.nheads = f.nheads, p.nheads_k = f.nheads_k, p.head_dim = f.head_dim;
+  p.q_batch_stride = p.out_batch_stride = p.dout_batch_stride = p.dq_batch_stride = f.q_batch_stride;
+  p.k_batch_stride = p.v_batch_stride = p.dk_batch_stride = p.dv_batch_stride = f.k_batch_stride;
+  p.q_row_stride = p.out_row_stride = p.dout_row_stride = p.dq_row_stride = f.q_row_stride;
+  p.k_row_stride = p.v_row_stride = p.dk_row_stride = p.dv_row_stride = f.k_row_stride;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = 64;
+  p.dout_head_stride = p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = 64;
+  p.softmax_scale = f.softmax_scale;
+  return p;
+}
+
+template <class Params, class Check>
+void expect_refused(const char* what, flashtile::Status want, Check check,
+                    const std::function<void(Params&)>& mutate, Params base) {
+  mutate(base);
+  const flashtile::Status got = check(base);
+  if (got != want) std::printf("  %s: got '%s'\n", what, flashtile::status_string(got));
+  expect(got == want, what);
+}
+
+}  // namespace
+
+int main() {
+  using flashtile::Status;
+  using Fwd = flashtile::FwdParams;
+  using Bwd = flashtile::BwdParams;
+  const auto fwd_check = [](const Fwd& p) { return flashtile::can_implement_fwd(p); };
+  const auto bwd_check = [](const Bwd& p) { return flashtile::can_implement_bwd(p); };
+
+  expect(flashtile::can_implement_fwd(valid_fwd()) == Status::kSuccess, "valid forward params pass");
+  expect(flashtile::can_implement_bwd(valid_bwd()) == Status::kSuccess, "valid backward params pass");
+
+  // Forward: each bad field, one at a time.
+  expect_refused<Fwd>("fwd: null q", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.q = nullptr; }, valid_fwd());
+  expect_refused<Fwd>("fwd: null lse", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.lse = nullptr; }, valid_fwd());
+  expect_refused<Fwd>("fwd: seqlen_k 0", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.seqlen_k = 0; }, valid_fwd());
+  expect_refused<Fwd>("fwd: batch 0", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.batch = 0; }, valid_fwd());
+  expect_refused<Fwd>("fwd: nheads not a multiple of nheads_k", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.nheads_k = 3; }, valid_fwd());
+  expect_refused<Fwd>("fwd: nheads past the grid", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.nheads = p.nheads_k = 65536; }, valid_fwd());
+  expect_refused<Fwd>("fwd: softmax_scale 0", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.softmax_scale = 0.f; }, valid_fwd());
+  expect_refused<Fwd>("fwd: head_dim 96", Status::kUnsupportedHeadDim, fwd_check,
+                      [](Fwd& p) { p.head_dim = 96; }, valid_fwd());
+  expect_refused<Fwd>("fwd: misaligned k", Status::kMisalignedPointer, fwd_check,
+                      [](Fwd& p) { p.k = fake_pointer(0x20008); }, valid_fwd());
+  expect_refused<Fwd>("fwd: odd row stride of v", Status::kMisalignedPointer, fwd_check,
+                      [](Fwd& p) { p.v_row_stride = 2 * 64 + 4; }, valid_fwd());
+  expect_refused<Fwd>("fwd: odd head stride of out", Status::kMisalignedPointer, fwd_check,
+                      [](Fwd& p) { p.out_head_stride = 65; }, valid_fwd());
+
+  // Backward: the fields it adds.
+  expect_refused<Bwd>("bwd: null dout", Status::kInvalidArgument, bwd_check, [](Bwd& p) { p.dout = nullptr; }, valid_bwd());
+  expect_refused<Bwd>("bwd: null workspace", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.workspace = nullptr; }, valid_bwd());
+  expect_refused<Bwd>("bwd: head_dim 256", Status::kUnsupportedHeadDim, bwd_check,
+                      [](Bwd& p) { p.head_dim = 256; }, valid_bwd());
+  expect_refused<Bwd>("bwd: misaligned dq", Status::kMisalignedPointer, bwd_check,
+                      [](Bwd& p) { p.dq = fake_pointer(0x70004); }, valid_bwd());
+  expect_refused<Bwd>("bwd: odd batch stride of dk", Status::kMisalignedPointer, bwd_check,
+                      [](Bwd& p) { p.dk_batch_stride += 2; }, valid_bwd());
+  expect_refused<Bwd>("bwd: misaligned workspace", Status::kMisalignedPointer, bwd_check,
+                      [](Bwd& p) { p.workspace = fake_pointer(0xa0002); }, valid_bwd());
+
+  // Dispatch with nothing registered (no kernels linked here): kNotBuilt,
+  // and argument errors still come first.
+  expect(flashtile::KernelRegistry::instance().keys().empty(), "no kernels registered in this binary");
+  expect(flashtile::fwd(valid_fwd(), nullptr) == Status::kNotBuilt, "fwd() without kernels is kNotBuilt");
+  expect(flashtile::bwd(valid_bwd(), nullptr) == Status::kNotBuilt, "bwd() without kernels is kNotBuilt");
+  Fwd bad = valid_fwd();
+  bad.head_dim = 96;
+  expect(flashtile::fwd(bad, nullptr) == Status::kUnsupportedHeadDim, "fwd() checks before dispatch");
+
+  // Workspace: dQ accumulator (fp32, rounded up to 256 B), then row sums.
+  const Bwd b = valid_bwd();
+  const size_t accum = size_t(b.batch) * b.seqlen_q * b.nheads * b.head_dim * sizeof(float);
+  const size_t accum_rounded = (accum + 255) / 256 * 256;
+  expect(flashtile::bwd_workspace_bytes(b) ==
+             accum_rounded + size_t(b.batch) * b.nheads * b.seqlen_q * sizeof(float),
+         "bwd_workspace_bytes = dQ accumulator + row sums");
+  const flashtile::BwdWorkspace ws = flashtile::bwd_workspace_layout(b, fake_pointer(0x100000));
+  expect(reinterpret_cast<uintptr_t>(ws.dsum) % 256 == 0, "row sums start 256-byte aligned");
+  expect(ws.dq_accum_bytes == accum_rounded, "dQ accumulator size");
+
+  for (Status s : {Status::kSuccess, Status::kInvalidArgument, Status::kMisalignedPointer,
+                   Status::kUnsupportedHeadDim, Status::kNotBuilt, Status::kCudaError}) {
+    expect(flashtile::status_string(s) != nullptr && flashtile::status_string(s)[0] != '\0',
+           "every Status has text");
+  }
+
+  std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
