@@ -14,7 +14,10 @@ Exception types
                              have yet (dropout, sliding window, softcap, ALiBi).
 * ``KernelNotBuiltError`` -- (a ``RuntimeError``) the request is supported by
                              flashtile, but this build was compiled without
-                             the kernel that serves it.
+                             the forward kernel that serves it. (A missing
+                             backward kernel is reported by the extension at
+                             backward time, as a plain ``RuntimeError`` naming
+                             the head dim and dtype.)
 
 Every message begins with the name of the offending argument and says what was
 expected and what was received, e.g. ``q must be on a CUDA device, got cpu``.
