@@ -109,7 +109,10 @@ SDPA_BACKENDS = {
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-ATTENTION_IMPLS = ("flashtile", *SDPA_BACKENDS)
+# flashtile_deterministic: the same forward, and the backward with
+# deterministic=True (dq summed in a fixed order); timed in bwd and fwdbwd only.
+GRAD_ONLY_IMPLS = ("flashtile_deterministic",)
+ATTENTION_IMPLS = ("flashtile", *GRAD_ONLY_IMPLS, *SDPA_BACKENDS)
 IMPLS = (*ATTENTION_IMPLS, "cublas_bmm", "cublas_gemm")
 GEMM_SIZE = 8192
 QUICK_SEQLENS = (1024,)
@@ -189,12 +192,13 @@ def result_row(impl: str, case: Case, ms: float, flops: float, **shape) -> dict:
 def attention_fn(impl: str, q, k, v, causal: int):
     """A no-argument callable returning impl's attention output, (b, s, h, d).
     With q, k, v that require grad, each call builds an autograd graph."""
-    if impl == "flashtile":
+    if impl in ("flashtile", "flashtile_deterministic"):
         # Imported here so that a missing or partial build skips flashtile's
         # rows, with the reason, instead of stopping the sweep.
         import flashtile
 
-        return lambda: flashtile.flash_attn_func(q, k, v, causal=bool(causal))
+        deterministic = impl == "flashtile_deterministic"
+        return lambda: flashtile.flash_attn_func(q, k, v, causal=bool(causal), deterministic=deterministic)
     # SDPA takes (b, h, s, d): views of the same (b, s, h, d) storage.
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal)).transpose(1, 2)
@@ -521,7 +525,8 @@ class Sweep:
         # Leaves for the backward, sharing q, k, v's storage; q, k, v themselves
         # stay free of autograd (the forward's timing and the references).
         q_g, k_g, v_g = (x.detach().requires_grad_() for x in (q, k, v))
-        attention = [i for i in impls if i in ATTENTION_IMPLS]
+        attention = [i for i in impls if i in ATTENTION_IMPLS
+                     and (grad_cases or i not in GRAD_ONLY_IMPLS)]
         timed: dict[str, dict] = {c.direction: {} for c in cases}  # direction -> impl -> fn
         if attention:
             ref = make_reference(q, k, v, case, seed)
@@ -544,7 +549,7 @@ class Sweep:
                     report.append(note + " FAIL")
                     continue
                 report.append(note)
-                if "fwd" in timed:
+                if "fwd" in timed and impl not in GRAD_ONLY_IMPLS:
                     timed["fwd"][impl] = fn
                 if not grad_cases:
                     continue
@@ -636,10 +641,12 @@ class _PlainProgress:
 def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: list[str]) -> None:
     """Per direction: TFLOP/s per case and impl ("skip": could not run, "FAIL":
     wrong result), then flashtile's ratio to the SDPA FlashAttention-2 and cuDNN
-    backends. cublas_bmm (forward-only, causal 0) is the same number in every table."""
+    backends and to its own deterministic backward (the cost of determinism).
+    cublas_bmm (forward-only, causal 0) is the same number in every table."""
     tflops = {(r["impl"], r["direction"], r["hdim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in sweep.rows}
     columns = [i for i in impls if i != "cublas_gemm"]
-    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn") if "flashtile" in impls and b in impls]
+    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "flashtile_deterministic")
+              if "flashtile" in impls and b in impls]
     widths = [14] * len(columns) + [9] * len(ratios)
     for direction in directions:
         direction_cases = [c for c in cases if c.direction == direction]
@@ -648,7 +655,8 @@ def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: l
         print(f"\n{direction} {direction_cases[0].dtype}, TFLOP/s ({DIRECTION_FLOPS[direction]:g} × forward FLOPs); "
               "flashtile ÷ SDPA at the right")
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6}" + "".join(f" {c:>14}" for c in columns)
-              + "".join(f" {'ft/' + b.removeprefix('sdpa_'):>9}" for b in ratios))
+              + "".join(f" {'ft/' + b.removeprefix('sdpa_').replace('flashtile_deterministic', 'det'):>9}"
+                        for b in ratios))
         for c in direction_cases:
             value = {
                 i: tflops.get(("cublas_bmm", "fwd", c.hdim, 0, c.seqlen) if i == "cublas_bmm"

@@ -32,6 +32,8 @@ _FLOAT_COLUMNS = {"ms", "tflops"}
 # Plot order and style; impls not listed here still plot, in default colours.
 _ATTENTION_STYLE = {
     "flashtile": dict(label="flashtile", color="tab:red", linewidth=2.4, zorder=5),
+    "flashtile_deterministic": dict(label="flashtile deterministic", color="tab:red", linestyle="--",
+                                    linewidth=1.4, zorder=4),
     "sdpa_flash": dict(label="SDPA flash (FA2)", color="tab:blue"),
     "sdpa_cudnn": dict(label="SDPA cuDNN", color="tab:green"),
     "sdpa_efficient": dict(label="SDPA mem-efficient", color="tab:orange"),

@@ -317,20 +317,22 @@ def test_opcheck_fwd_with_grad():
     head_dim, dtype = default_config()
     q, k, v = rand_qkv(2, 65, 130, 4, 2, head_dim, dtype)
     eps = torch.finfo(dtype).eps
-    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True),
+    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True, False),
                           rtol=2 * eps, atol=1e-3)
 
 
-def test_opcheck_bwd():
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_opcheck_bwd(deterministic):
     """flashtile::bwd's schema and fake (GQA: dk, dv with nheads_k heads), on a strided dout."""
     head_dim, dtype = default_config()
     q, k, v = rand_qkv(2, 65, 130, 8, 2, head_dim, dtype, requires_grad=False)
-    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.1, True)
+    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.1, True, deterministic)
     dout = torch.randn(2, 8, 65, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
-    dq, dk, dv = torch.ops.flashtile.bwd(dout, q, k, v, out, lse, 0.1, True)
+    dq, dk, dv = torch.ops.flashtile.bwd(dout, q, k, v, out, lse, 0.1, True, deterministic)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     eps = torch.finfo(dtype).eps
-    torch.library.opcheck(torch.ops.flashtile.bwd.default, (dout, q, k, v, out, lse, 0.1, True),
+    torch.library.opcheck(torch.ops.flashtile.bwd.default,
+                          (dout, q, k, v, out, lse, 0.1, True, deterministic),
                           rtol=2 * eps, atol=1e-3)
 
 
@@ -359,24 +361,52 @@ def test_torch_compile_fullgraph_grads_match_eager():
         assert_close_up_to_atomics(g, w, name)
 
 
+def built_pairs():
+    return [(hd, DTYPES[name]) for hd, name in BWD_BUILT if (hd, name) in FWD_BUILT]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim,dtype", built_pairs(), ids=lambda x: str(x).removeprefix("torch."))
+def test_deterministic_backward_is_bitwise_repeatable(head_dim, dtype, causal):
+    """deterministic=True: two backward passes give identical bits (odd sizes,
+    GQA, seqlen_q != seqlen_k, several key blocks per query block and the
+    reverse), and the gradients satisfy the rule."""
+    q, k, v = rand_qkv(2, 301, 517, 8, 2, head_dim, dtype)
+    dout = torch.randn(2, 301, 8, head_dim, device="cuda", dtype=dtype)
+    runs = []
+    for _ in range(2):
+        out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        runs.append((out, flash_grads(out, (q, k, v), dout)))
+    (out, grads), (out2, grads2) = runs
+    assert torch.equal(out, out2)
+    for name, g, g2 in zip(("dq", "dk", "dv"), grads, grads2):
+        assert torch.equal(g, g2), f"{name} differs between two deterministic runs"
+    check_grads(q, k, v, dout, out, grads, causal)
+
+
 @pytest.mark.parametrize("api", ["func", "qkvpacked", "kvpacked"])
-def test_deterministic_backward_raises(api):
+def test_deterministic_through_every_api(api):
+    """Each public function passes deterministic=True to the backward: packed
+    gradients repeat bit for bit and match the default mode's up to the
+    order of the default mode's atomic adds."""
     head_dim, dtype = default_config()
-    qkv = torch.randn(2, 65, 3, 4, head_dim, device="cuda", dtype=dtype)
+    qkv = torch.randn(2, 193, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(2, 193, 4, head_dim, device="cuda", dtype=dtype)
 
-    def call(deterministic):
+    def grad(deterministic):
         if api == "func":
-            return flashtile.flash_attn_func(*qkv.unbind(2), deterministic=deterministic)
-        if api == "qkvpacked":
-            return flashtile.flash_attn_qkvpacked_func(qkv, deterministic=deterministic)
-        return flashtile.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:],
-                                                  deterministic=deterministic)
+            out = flashtile.flash_attn_func(*qkv.unbind(2), causal=True, deterministic=deterministic)
+        elif api == "qkvpacked":
+            out = flashtile.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=deterministic)
+        else:
+            out = flashtile.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:], causal=True,
+                                                     deterministic=deterministic)
+        (g,) = torch.autograd.grad(out, (qkv,), dout)
+        return g
 
-    # without gradients deterministic=True only concerns a backward that never runs
-    assert torch.equal(call(True), call(False))
-    qkv.requires_grad_()
-    with pytest.raises(NotImplementedError, match="deterministic"):
-        call(True).sum().backward()
+    first, second, default = grad(True), grad(True), grad(False)
+    assert torch.equal(first, second)
+    assert_close_up_to_atomics(first, default, "dqkv")
 
 
 def test_backward_kernel_not_built_is_named():

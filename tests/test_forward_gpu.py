@@ -311,7 +311,7 @@ def test_misaligned_pointer_rejected():
 def test_opcheck():
     head_dim, dtype = default_config()
     q, k, v = rand_qkv(2, 65, 130, 4, 2, head_dim, dtype)
-    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True))
+    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, 0.1, True, False))
 
 
 def test_out_is_differentiable_lse_is_not():

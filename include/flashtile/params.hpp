@@ -75,6 +75,10 @@ struct BwdParams {
 
   float softmax_scale = 0.f;
   bool causal = false;
+  // Sum dQ in a fixed order (a second kernel, no atomics), so that two runs
+  // give bitwise-identical gradients. Costs time (benchmarks/NOTES.md) and
+  // changes bwd_workspace_bytes().
+  bool deterministic = false;
   DType dtype = DType::kBf16;
 };
 

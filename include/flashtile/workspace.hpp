@@ -1,6 +1,7 @@
 // The backward's device workspace: the fp32 dQ accumulator (contiguous
-// batch, seqlen_q, nheads, head_dim) and rowsum(dO ∘ O) (batch, nheads,
-// seqlen_q). The caller allocates bwd_workspace_bytes(params) bytes.
+// batch, seqlen_q, nheads, head_dim; none in deterministic mode, whose dQ
+// kernel writes dq directly) and rowsum(dO ∘ O) (batch, nheads, seqlen_q).
+// The caller allocates bwd_workspace_bytes(params) bytes.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@ struct BwdWorkspace {
 };
 
 inline size_t bwd_dq_accum_bytes(const BwdParams& p) {
+  if (p.deterministic) return 0;
   const size_t bytes = size_t(p.batch) * p.seqlen_q * p.nheads * p.head_dim * sizeof(float);
   return (bytes + 255) / 256 * 256;  // keeps dsum 256-byte aligned
 }

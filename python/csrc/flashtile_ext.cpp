@@ -127,16 +127,17 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
                    dtype);
 }
 
-size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim) {
+size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bool deterministic) {
   flashtile::BwdParams p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.head_dim = head_dim;
+  p.deterministic = deterministic;
   return flashtile::bwd_workspace_bytes(p);
 }
 
 void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const CudaArray& v,
          const CudaArray& out, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
          const CudaArray& dv, const CudaArray& workspace, float softmax_scale, bool causal,
-         uintptr_t stream) {
+         bool deterministic, uintptr_t stream) {
   const flashtile::DType dtype = element_dtype(q, "q");
   const CudaArray* same_dtype[] = {&k, &v, &out, &dout, &dq, &dk, &dv};
   for (const CudaArray* a : same_dtype) {
@@ -168,6 +169,10 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   require(lse.ndim() == 3 && lse.shape(0) == q.shape(0) && lse.shape(1) == q.shape(2) &&
               lse.shape(2) == q.shape(1),
           "lse must have shape (batch, nheads, seqlen_q)");
+  require(lse.stride(2) == 1 && lse.stride(1) == static_cast<int64_t>(lse.shape(2)) &&
+              lse.stride(0) == static_cast<int64_t>(lse.shape(1) * lse.shape(2)),
+          "lse must be contiguous");
+  require(workspace.ndim() == 1 && workspace.stride(0) == 1, "workspace must be a contiguous 1-D array");
 
   flashtile::BwdParams p;
   p.batch = static_cast<int>(q.shape(0));
@@ -176,6 +181,7 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   p.head_dim = static_cast<int>(q.shape(3));
   p.seqlen_k = static_cast<int>(k.shape(1));
   p.nheads_k = static_cast<int>(k.shape(2));
+  p.deterministic = deterministic;
   require(workspace.nbytes() >= flashtile::bwd_workspace_bytes(p),
           "workspace is smaller than bwd_workspace_bytes()");
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.data(), p.dout = dout.data();
@@ -215,12 +221,14 @@ NB_MODULE(_C, m) {
         "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
-        nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"),
+        nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"), nb::arg("stream"),
         "Attention backward into caller-allocated dq (q's shape), dk and dv (k's shape), "
-        "using a device workspace of bwd_workspace_bytes(...) bytes.");
+        "using a device workspace of bwd_workspace_bytes(...) bytes. deterministic: sum dq in "
+        "a fixed order (bitwise reproducible) instead of with atomic adds.");
   m.def("bwd_workspace_bytes", &bwd_workspace_bytes, nb::arg("batch"), nb::arg("seqlen_q"),
-        nb::arg("nheads"), nb::arg("head_dim"),
-        "Bytes of device workspace the backward needs (fp32 dQ accumulator and row sums).");
+        nb::arg("nheads"), nb::arg("head_dim"), nb::arg("deterministic"),
+        "Bytes of device workspace the backward needs (fp32 dQ accumulator unless "
+        "deterministic, and row sums).");
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype) instantiations this build contains.");
 }

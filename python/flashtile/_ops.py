@@ -1,11 +1,14 @@
 """The torch.library custom ops around the extension: forward and backward.
 
-``flashtile::fwd(q, k, v, softmax_scale, causal) -> (out, lse)`` allocates its
+``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic) -> (out, lse)``
+allocates its
 outputs, handles the empty cases without touching the extension, and otherwise
 launches ``_C.fwd`` on the inputs' device and torch's current stream there.
 Its fake (meta) implementation gives torch.compile the output shapes; its
 autograd registration saves only q, k, v, out and the row logsumexp and runs
 ``flashtile::bwd`` (also a custom op with a fake) for the gradients.
+``deterministic`` does not change the forward; it is an argument of the
+forward op so that its autograd context can pass it to the backward.
 
 Arguments are assumed validated (``_checks``); the op itself checks only what
 tracing cannot see: the device's compute capability and the data pointers'
@@ -64,6 +67,7 @@ def fwd(
     v: torch.Tensor,
     softmax_scale: float,
     causal: bool,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
     if out.numel() == 0:  # batch, seqlen_q or nheads is 0: nothing to compute
@@ -82,7 +86,7 @@ def fwd(
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal):
+def _fwd_fake(q, k, v, softmax_scale, causal, deterministic):
     return _empty_outputs(q)
 
 
@@ -106,9 +110,11 @@ def bwd(
     lse: torch.Tensor,
     softmax_scale: float,
     causal: bool,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
-    GQA each of dk and dv sums over the query heads of its group."""
+    GQA each of dk and dv sums over the query heads of its group. With
+    deterministic=True dq is summed in a fixed order (bitwise reproducible)."""
     dq, dk, dv = _empty_grads(q, k, v)
     if dq.numel() == 0 or dk.numel() == 0:
         # No query rows, or no keys (out was 0): every gradient is zero.
@@ -116,12 +122,13 @@ def bwd(
     if not _vector_friendly(dout):
         dout = dout.contiguous()
     batch, seqlen_q, nheads, head_dim = q.shape
-    workspace = torch.empty(_C.bwd_workspace_bytes(batch, seqlen_q, nheads, head_dim),
-                            dtype=torch.uint8, device=q.device)
+    workspace = torch.empty(
+        _C.bwd_workspace_bytes(batch, seqlen_q, nheads, head_dim, bool(deterministic)),
+        dtype=torch.uint8, device=q.device)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
-               stream)
+               bool(deterministic), stream)
     return dq, dk, dv
 
 
@@ -130,24 +137,26 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal):
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
     return _empty_grads(q, k, v)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal = inputs
+    q, k, v, softmax_scale, causal, deterministic = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     # Only these: the backward recomputes P from q, k and the row logsumexp.
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
+    ctx.deterministic = deterministic
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
-    return dq, dk, dv, None, None
+    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
+                     ctx.deterministic)
+    return dq, dk, dv, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

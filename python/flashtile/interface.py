@@ -9,10 +9,10 @@ and logsumexp -inf.
 
 Arguments flashtile does not implement yet (dropout, sliding window, softcap,
 ALiBi) are accepted at their neutral values and raise NotImplementedError
-otherwise. The functions are differentiable (torch.library autograd); their
-backward accumulates dq with atomic adds, so ``deterministic=True`` with an
-input that requires grad raises NotImplementedError until a fixed-order
-backward exists.
+otherwise. The functions are differentiable (torch.library autograd). By
+default the backward accumulates dq with fp32 atomic adds, whose order varies
+from run to run in the last bits; ``deterministic=True`` sums dq in a fixed
+order instead (bitwise-reproducible gradients, a slower backward).
 """
 
 from __future__ import annotations
@@ -30,14 +30,9 @@ _FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
 def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs, deterministic):
     """Check the tensors (options are already checked) and run the op."""
     _checks.check_fwd_tensors(q, k, v, _FWD_BUILT, names=names)
-    if deterministic and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                      or v.requires_grad):
-        raise NotImplementedError(
-            "deterministic=True: flashtile's backward accumulates dq with atomic adds and has no "
-            "fixed-order variant yet; pass deterministic=False or run without requires_grad")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal))
+    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic))
     if return_attn_probs:
         # flash_attn returns the attention probabilities only when dropout is
         # on; dropout is not implemented, so that slot is always None.
@@ -70,8 +65,8 @@ def flash_attn_func(
         window_size: must be (-1, -1) (local attention is not implemented yet).
         softcap: must be 0.0 (soft-capping is not implemented yet).
         alibi_slopes: must be None (ALiBi is not implemented yet).
-        deterministic: ask for a bitwise-reproducible backward; not implemented yet,
-            so True raises NotImplementedError when an input requires grad.
+        deterministic: sum dq in a fixed order in the backward (no atomic adds), so
+            that two runs give bitwise-identical gradients; the backward is slower.
         return_attn_probs: also return the logsumexp and None (see Returns).
 
     Returns:

@@ -129,6 +129,10 @@ int main() {
   const flashtile::BwdWorkspace ws = flashtile::bwd_workspace_layout(b, fake_pointer(0x100000));
   expect(reinterpret_cast<uintptr_t>(ws.dsum) % 256 == 0, "row sums start 256-byte aligned");
   expect(ws.dq_accum_bytes == accum_rounded, "dQ accumulator size");
+  Bwd det = b;
+  det.deterministic = true;
+  expect(flashtile::bwd_workspace_bytes(det) == size_t(b.batch) * b.nheads * b.seqlen_q * sizeof(float),
+         "deterministic: no dQ accumulator, row sums only");
 
   for (Status s : {Status::kSuccess, Status::kInvalidArgument, Status::kMisalignedPointer,
                    Status::kUnsupportedHeadDim, Status::kNotBuilt, Status::kCudaError}) {

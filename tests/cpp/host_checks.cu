@@ -211,7 +211,8 @@ void check_bwd_config(const char* config) {
   using Element = typename Traits::Element;
   constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
   constexpr int kThreads = Traits::kNThreads;
-  expect(Traits::kSmemBytes <= kSmemLimitSm80Bytes, config, "shared memory within 163 KB");
+  expect(Traits::kSmemBytes <= kSmemLimitSm80Bytes, config, "main kernel's shared memory within 163 KB");
+  expect(Traits::kSmemDqBytes <= kSmemLimitSm80Bytes, config, "dQ kernel's shared memory within 163 KB");
 
   std::vector<Element> q_buf(kM * kD), kv_buf(kN * kD), pds_buf(kM * kN);
   auto sQ = make_tensor(q_buf.data(), typename Traits::SmemLayoutQ{});        // (kM, kD)
@@ -297,6 +298,9 @@ int main() {
   check_fwd_config<FwdTraitsFor<128, cutlass::bfloat16_t>>("fwd d128 bf16");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t>>("bwd d64");
   check_bwd_config<BwdTraits<128, cutlass::bfloat16_t>>("bwd d128");
+  using flashtile::sm80::BwdDqConfig;
+  check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdDqConfig<64>>>("bwd dq-kernel d64");
+  check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdDqConfig<128>>>("bwd dq-kernel d128");
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -4,16 +4,19 @@
 // group's sum accumulates in place, no expanded buffers) and every query
 // block that can see its keys:
 //
-//   load K, V once
+//   load K, V once, and the first query block
 //   for each query head of the group, each visible query block i:
-//     load Q_i, dO_i, LSE_i, D_i
+//     start loading Q, dO, LSE, D of block i+1 (the other smem buffer)
 //     S = Q_i·Kᵀ, dP = dO_i·Vᵀ                 (registers)
 //     P = exp2(S·c − LSE·log2 e) (0 where masked), dS = P ∘ (dP − D_i)
 //     stage P and dS in shared memory (bf16/fp16)
 //     dV += Pᵀ·dO_i, dK += dSᵀ·Q_i              (registers, all iterations)
 //     dQ_i += dS·K  → fp32 atomic adds into the workspace
+//                     (skipped in deterministic mode: bwd_dq_kernel.hpp)
 //   write dK · scale and dV
 //
+// Two barriers per query block: one when its loads have landed (which also
+// frees the other buffer and P/dS for reuse), one when P and dS are staged.
 // S and P never reach device memory; they are recomputed from Q, K and the
 // forward's LSE.
 #pragma once
@@ -21,35 +24,18 @@
 #include <cute/tensor.hpp>
 
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/copy.hpp"
+#include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {
 
 using namespace cute;
 
-// Writes the rows below rows_valid of a register accumulator, scaled and
-// converted, to global memory. coords: the same partition of an identity
-// tensor; out: the (rows, kHeadDim) global tile.
-template <class Element, class Acc, class Coords, class Out>
-CUTE_DEVICE void store_rows(Acc const& acc, Coords const& coords, Out&& out, int rows_valid,
-                            float scale) {
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    // Accumulator values come in column pairs: one 32-bit store each.
-    const int row = get<0>(coords(i));
-    if (row < rows_valid) {
-      cutlass::Array<Element, 2> pair;
-      pair[0] = Element(acc(i) * scale);
-      pair[1] = Element(acc(i + 1) * scale);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(&out(row, get<1>(coords(i)))) = pair;
-    }
-  }
-}
-
-template <class Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads)
+template <class Traits, bool kIsCausal, bool kAccumulateDq>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -58,7 +44,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   using ShapeQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
-  static_assert(Traits::kNThreads >= kBlockM, "one thread per row loads LSE and D");
+  static_assert(Traits::kNThreads >= 2 * kBlockM, "one thread per row loads LSE, another D");
 
   extern __shared__ __align__(128) char smem[];
 
@@ -69,6 +55,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int group = params.nheads / params.nheads_k;
   const int kv_rows_valid = params.seqlen_k - n_block * kBlockN;
   const float scale_log2 = params.softmax_scale * float(M_LOG2E);
+  const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};
 
   // This CTA's K and V tiles and its dK, dV outputs.
   Tensor gK = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.k) +
@@ -92,22 +79,28 @@ __global__ void __launch_bounds__(Traits::kNThreads)
                                       make_stride(params.dv_row_stride, _1{})),
                           ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
 
-  // Shared memory: Q | dO | K | V | P | dS | LSE | D, and transposed views.
+  // Shared memory: Q[2] | dO[2] | K | V | P | dS | LSE[2] | D[2]. The tensors
+  // below are buffer 0's; buffer 1 of Q, dO, LSE and D sits one tile further.
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});             // (kBlockM, kHeadDim)
-  Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutQ{});             // (kBlockM, kHeadDim)
-  Tensor sK = make_tensor(sdO.data() + size(sdO), typename Traits::SmemLayoutKV{});           // (kBlockN, kHeadDim)
+  Tensor sdO = make_tensor(sQ.data() + 2 * size(sQ), typename Traits::SmemLayoutQ{});         // (kBlockM, kHeadDim)
+  Tensor sK = make_tensor(sdO.data() + 2 * size(sdO), typename Traits::SmemLayoutKV{});       // (kBlockN, kHeadDim)
   Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});             // (kBlockN, kHeadDim)
   Tensor sP = make_tensor(sV.data() + size(sV), typename Traits::SmemLayoutPdS{});            // (kBlockM, kBlockN)
   Tensor sdS = make_tensor(sP.data() + size(sP), typename Traits::SmemLayoutPdS{});           // (kBlockM, kBlockN)
-  float* smem_lse = reinterpret_cast<float*>(smem + 2 * Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes +
-                                             2 * Traits::kSmemPdSBytes);
-  float* smem_dsum = smem_lse + kBlockM;
+  float* smem_lse = reinterpret_cast<float*>(smem + 4 * Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes +
+                                             2 * Traits::kSmemPdSBytes);  // [2][kBlockM]
+  float* smem_dsum = smem_lse + 2 * kBlockM;                              // [2][kBlockM]
   Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQt{});       // (kHeadDim, kBlockM)
   Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM)
   Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});       // (kHeadDim, kBlockN)
   Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPdSt{});     // (kBlockN, kBlockM)
   Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPdSt{});   // (kBlockN, kBlockM)
+  constexpr int kQBufferElems = kBlockM * kHeadDim;
+  // A partition of buffer 0 of Q or dO, moved to buffer `buf`.
+  auto in_buffer = [](auto const& buffer0, int buf) {
+    return make_tensor(buffer0.data() + buf * kQBufferElems, buffer0.layout());
+  };
 
   // Global -> shared copies.
   typename Traits::GmemTiledCopy gmem_copy;
@@ -117,10 +110,49 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Tensor tQsQ = gmem_thr_copy.partition_D(sQ);                                 // (CPY, CPY_M, CPY_K)
   Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);                              // (CPY, CPY_M, CPY_K)
 
+  // The (query head, query block) pairs that see this CTA's keys, walked as
+  // one sequence so a block's loads can be issued during the previous one.
+  // Causal: query row i sees key j iff j <= i + seqlen_k - seqlen_q.
+  const int m_block_end = ceil_div(params.seqlen_q, kBlockM);
+  int m_block_begin = 0;
+  if constexpr (kIsCausal) {
+    const int first_row = n_block * kBlockN - (params.seqlen_k - params.seqlen_q);
+    m_block_begin = first_row > 0 ? min(first_row / kBlockM, m_block_end) : 0;
+  }
+  const int m_blocks = m_block_end - m_block_begin;
+  const int iterations = group * m_blocks;
+  auto head_of = [&](int it) { return head_k * group + it / m_blocks; };
+  auto m_block_of = [&](int it) { return m_block_begin + it % m_blocks; };
+
+  // Issues the loads of iteration `it`'s Q, dO, LSE and D into buffer `buf`.
+  auto load_query_block = [&](int it, int buf) {
+    const int head = head_of(it);
+    const int m_block = m_block_of(it);
+    const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
+    Tensor gQ = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.q) +
+                                                     batch * params.q_batch_stride + head * params.q_head_stride),
+                                       make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                                       make_stride(params.q_row_stride, _1{})),
+                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
+    Tensor gdO = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.dout) +
+                                                      batch * params.dout_batch_stride + head * params.dout_head_stride),
+                                        make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                                        make_stride(params.dout_row_stride, _1{})),
+                            ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
+    copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
+    copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, buf), tQcQ, q_rows_valid);
+    const int64_t row_offset = (int64_t(batch) * params.nheads + head) * params.seqlen_q + m_block * kBlockM;
+    using RowCopy = typename Traits::RowCopyAtom;
+    load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
+    load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum + buf * kBlockM, q_rows_valid,
+                             tid - kBlockM);
+  };
+
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), tKVcKV,
                     kv_rows_valid);
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), tKVcKV,
                     kv_rows_valid);
+  if (iterations > 0) load_query_block(0, 0);
   cp_async_fence();
 
   // The three products' partitions.
@@ -173,92 +205,54 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   clear(acc_dk);
   clear(acc_dv);
 
-  // Query blocks that see any of this CTA's keys: query row i sees key j
-  // iff j <= i + seqlen_k - seqlen_q (causal, bottom-right aligned).
-  const int m_block_end = ceil_div(params.seqlen_q, kBlockM);
-  int m_block_begin = 0;
-  if constexpr (kIsCausal) {
-    const int first_row = n_block * kBlockN - (params.seqlen_k - params.seqlen_q);
-    m_block_begin = first_row > 0 ? first_row / kBlockM : 0;
-  }
+  for (int it = 0; it < iterations; ++it) {
+    const int buf = it & 1;
+    const int head = head_of(it);
+    const int m_block = m_block_of(it);
+    cp_async_wait<0>();
+    // Block `it` has landed; every warp has finished block it−1, so the
+    // other buffer, P and dS are free.
+    __syncthreads();
+    if (it + 1 < iterations) load_query_block(it + 1, buf ^ 1);
+    cp_async_fence();
 
-  for (int head = head_k * group; head < (head_k + 1) * group; ++head) {
-    Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.q) +
-                                          batch * params.q_batch_stride + head * params.q_head_stride),
-                            make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                            make_stride(params.q_row_stride, _1{}));  // (seqlen_q, kHeadDim)
-    Tensor mdO = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.dout) +
-                                           batch * params.dout_batch_stride + head * params.dout_head_stride),
-                             make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                             make_stride(params.dout_row_stride, _1{}));  // (seqlen_q, kHeadDim)
-    const int64_t row_offset = (int64_t(batch) * params.nheads + head) * params.seqlen_q;
-    const float* lse_rows = params.lse + row_offset;
-    const float* dsum_rows = dsum + row_offset;
-    // dq_accum is contiguous (batch, seqlen_q, nheads, head_dim).
-    Tensor mdQaccum = make_tensor(make_gmem_ptr(dq_accum + (int64_t(batch) * params.seqlen_q * params.nheads + head) * kHeadDim),
-                                  make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                  make_stride(int64_t(params.nheads) * kHeadDim, _1{}));  // (seqlen_q, kHeadDim)
+    Tensor acc_s = partition_fragment_C(mma_sdp, ShapeS{});   // (MMA, MMA_M, MMA_N)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeS{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    clear(acc_dp);
+    gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, ldsm_sdp_a, ldsm_sdp_b);
+    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, ldsm_sdp_a, ldsm_sdp_b);
 
-    for (int m_block = m_block_begin; m_block < m_block_end; ++m_block) {
-      const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
-      copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(local_tile(mQ, ShapeQ{}, make_coord(m_block, 0))),
-                        tQsQ, tQcQ, q_rows_valid);
-      copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(local_tile(mdO, ShapeQ{}, make_coord(m_block, 0))),
-                        tdOsdO, tQcQ, q_rows_valid);
-      cp_async_fence();
-      if (tid < kBlockM) {
-        // log2-domain LSE; +inf (P = 0) for rows past seqlen_q and for rows
-        // that saw no key in the forward (lse = −inf, every key masked).
-        const int row = m_block * kBlockM + tid;
-        const float lse = row < params.seqlen_q ? lse_rows[row] : -INFINITY;
-        smem_lse[tid] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
-        smem_dsum[tid] = row < params.seqlen_q ? dsum_rows[row] : 0.f;
-      }
-      cp_async_wait<0>();
-      __syncthreads();
+    if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block, n_block);
+    recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
+                       scale_log2);
+    copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
+    copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
+    __syncthreads();  // P and dS staged
 
-      Tensor acc_s = partition_fragment_C(mma_sdp, ShapeS{});   // (MMA, MMA_M, MMA_N)
-      Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeS{});  // (MMA, MMA_M, MMA_N)
-      clear(acc_s);
-      clear(acc_dp);
-      gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, tSsQ, tSsK, ldsm_sdp_a, ldsm_sdp_b);
-      gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, ldsm_sdp_a, ldsm_sdp_b);
+    gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, in_buffer(tdVsdOt, buf), ldsm_dkv_a, ldsm_dkv_b);
+    gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), ldsm_dkv_a, ldsm_dkv_b);
 
-      // P = exp2(S·c − LSE) where visible, else 0; dS = P ∘ (dP − D).
-      const int row0 = m_block * kBlockM;
-      const int col0 = n_block * kBlockN;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        const int r = get<0>(tScS(i));
-        const int col = col0 + get<1>(tScS(i));
-        bool visible = col < params.seqlen_k;
-        if constexpr (kIsCausal) visible = visible && col <= row0 + r + params.seqlen_k - params.seqlen_q;
-        const float p = visible ? fast_exp2(acc_s(i) * scale_log2 - smem_lse[r]) : 0.f;
-        acc_s(i) = p;
-        acc_dp(i) = p * (acc_dp(i) - smem_dsum[r]);
-      }
-      Tensor rP = convert_fragment<Element>(acc_s);
-      Tensor rdS = convert_fragment<Element>(acc_dp);
-      copy(copy_PdS, thr_copy_PdS.retile_S(rP), tPsP);
-      copy(copy_PdS, thr_copy_PdS.retile_S(rdS), tdSsdS);
-      __syncthreads();  // P and dS complete
-
-      gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, ldsm_dkv_a, ldsm_dkv_b);
-      gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt, ldsm_dkv_a, ldsm_dkv_b);
-
+    if constexpr (kAccumulateDq) {
       Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
       clear(acc_dq);
       gemm_smem_smem(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, ldsm_dq_a, ldsm_dq_b);
-      Tensor gdQaccum = local_tile(mdQaccum, ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
+      // dq_accum is contiguous (batch, seqlen_q, nheads, head_dim).
+      Tensor gdQaccum = local_tile(
+          make_tensor(make_gmem_ptr(dq_accum + (int64_t(batch) * params.seqlen_q * params.nheads + head) * kHeadDim),
+                      make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                      make_stride(int64_t(params.nheads) * kHeadDim, _1{})),
+          ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
+      const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); ++i) {
         const int r = get<0>(tdQcdQ(i));
         if (r < q_rows_valid) atomicAdd(&gdQaccum(r, get<1>(tdQcdQ(i))), acc_dq(i));
       }
-      __syncthreads();  // every warp is done with sQ, sdO, sP, sdS
     }
   }
 
+  cp_async_wait<0>();  // with no query block to visit, K and V are still in flight
   // dK = scale · Σ dSᵀ·Q; dV = Σ Pᵀ·dO.
   store_rows<Element>(acc_dk, tdKVcdKV, gdK, kv_rows_valid, params.softmax_scale);
   store_rows<Element>(acc_dv, tdKVcdKV, gdV, kv_rows_valid, 1.f);

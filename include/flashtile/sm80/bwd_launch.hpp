@@ -1,11 +1,16 @@
-// Host launcher for the SM80 backward of one (head dim, dtype): zero the dQ
-// accumulator, rowsum(dO ∘ O), the main dK/dV kernel, then dQ's conversion.
+// Host launcher for the SM80 backward of one (head dim, dtype): rowsum(dO ∘ O),
+// then either
+//   - zero the fp32 dQ accumulator, the main kernel with dQ atomics, and dQ's
+//     conversion (the default), or
+//   - the main kernel for dK and dV only, and the dQ kernel, which sums dQ in
+//     a fixed order (params.deterministic).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_aux_kernels.hpp"
+#include "flashtile/sm80/bwd_dq_kernel.hpp"
 #include "flashtile/sm80/bwd_kernel.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/status.hpp"
@@ -13,43 +18,77 @@
 
 namespace flashtile::sm80 {
 
-template <class Traits, bool kIsCausal>
-cudaError_t launch_bwd_dkdv(const BwdParams& params, float* dq_accum, const float* dsum,
-                            cudaStream_t stream) {
-  auto* kernel = &bwd_dkdv_kernel<Traits, kIsCausal>;
-  constexpr int kSmemBytes = Traits::kSmemBytes;
+// Opts the kernel in to kSmemBytes of dynamic shared memory and launches it.
+template <int kSmemBytes, class Kernel, class... Args>
+cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_t stream,
+                             Args... args) {
   if constexpr (kSmemBytes > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.nheads_k, params.batch);
-  kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params, dq_accum, dsum);
+  kernel<<<grid, threads, kSmemBytes, stream>>>(args...);
   return cudaGetLastError();
+}
+
+// The backward with explicit tile traits: Traits for the main kernel,
+// DqTraits for the deterministic mode's dQ kernel.
+template <class Traits, class DqTraits>
+Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
+  constexpr int kThreads = 128;
+  const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
+  bwd_dot_do_o_kernel<Element, kHeadDim>
+      <<<unsigned(ceil_div(rows, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dsum);
+  if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
+
+  const dim3 dkdv_grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.nheads_k, params.batch);
+  cudaError_t err;
+  if (params.deterministic) {
+    err = params.causal
+              ? launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, true, false>, dkdv_grid,
+                                                     Traits::kNThreads, stream, params, ws.dq_accum,
+                                                     static_cast<const float*>(ws.dsum))
+              : launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, false, false>, dkdv_grid,
+                                                     Traits::kNThreads, stream, params, ws.dq_accum,
+                                                     static_cast<const float*>(ws.dsum));
+    if (err != cudaSuccess) return Status::kCudaError;
+    const dim3 dq_grid(ceil_div(params.seqlen_q, DqTraits::kBlockM), params.nheads, params.batch);
+    err = params.causal
+              ? launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, true>, dq_grid,
+                                                         DqTraits::kNThreads, stream, params,
+                                                         static_cast<const float*>(ws.dsum))
+              : launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, false>, dq_grid,
+                                                         DqTraits::kNThreads, stream, params,
+                                                         static_cast<const float*>(ws.dsum));
+    return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  }
+
+  if (cudaMemsetAsync(ws.dq_accum, 0, ws.dq_accum_bytes, stream) != cudaSuccess) {
+    return Status::kCudaError;
+  }
+  err = params.causal
+            ? launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, true, true>, dkdv_grid,
+                                                   Traits::kNThreads, stream, params, ws.dq_accum,
+                                                   static_cast<const float*>(ws.dsum))
+            : launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, false, true>, dkdv_grid,
+                                                   Traits::kNThreads, stream, params, ws.dq_accum,
+                                                   static_cast<const float*>(ws.dsum));
+  if (err != cudaSuccess) return Status::kCudaError;
+  const int64_t vectors = rows * kHeadDim / 8;
+  bwd_convert_dq_kernel<Element, kHeadDim>
+      <<<unsigned(ceil_div(vectors, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dq_accum);
+  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
 // can_implement_bwd(params) passed.
 template <int kHeadDim, class Element>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
-  using Traits = BwdTraits<kHeadDim, Element>;
-  const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
-  if (cudaMemsetAsync(ws.dq_accum, 0, ws.dq_accum_bytes, stream) != cudaSuccess) {
-    return Status::kCudaError;
-  }
-  constexpr int kThreads = 128;
-  const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
-  bwd_dot_do_o_kernel<Element, kHeadDim>
-      <<<unsigned(ceil_div(rows, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dsum);
-  if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
-  const cudaError_t err = params.causal
-                              ? launch_bwd_dkdv<Traits, true>(params, ws.dq_accum, ws.dsum, stream)
-                              : launch_bwd_dkdv<Traits, false>(params, ws.dq_accum, ws.dsum, stream);
-  if (err != cudaSuccess) return Status::kCudaError;
-  const int64_t vectors = rows * kHeadDim / 8;
-  bwd_convert_dq_kernel<Element, kHeadDim>
-      <<<unsigned(ceil_div(vectors, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dq_accum);
-  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  return run_bwd_with<BwdTraits<kHeadDim, Element>,
+                      BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>>(params, stream);
 }
 
 }  // namespace flashtile::sm80

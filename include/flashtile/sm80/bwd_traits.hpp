@@ -1,6 +1,6 @@
-// Tile configuration of the SM80 backward kernel. One CTA owns a block of
-// kBlockN keys and walks the query blocks; three TiledMMAs cover its five
-// products:
+// Tile configuration of the SM80 backward kernels. The main kernel's CTA owns
+// a block of kBlockN keys and walks the query blocks; three TiledMMAs cover
+// its five products:
 //   SdP: S = Q·Kᵀ and dP = dO·Vᵀ          (kBlockM × kBlockN)
 //   dKV: dV += Pᵀ·dO and dK += dSᵀ·Q       (kBlockN × head_dim)
 //   dQ:  dQ = dS·K                          (kBlockM × head_dim)
@@ -20,8 +20,9 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-// Block shapes per head dim: 64 query rows × 128 keys, 8 warps, warps laid
-// out (M × N) as kAtomM* × (8 / kAtomM*) for each product.
+// Block shapes per head dim for the main (dK, dV) kernel: 64 query rows × 128
+// keys, 8 warps, warps laid out (M × N) as kAtomM* × (8 / kAtomM*) for each
+// product.
 template <int kHeadDim>
 struct BwdConfig;
 template <>
@@ -35,9 +36,18 @@ struct BwdConfig<128> {
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
 };
 
-template <int kHeadDim_, class Element_>
+// The deterministic mode's dQ kernel (one CTA per query block, walking the
+// key blocks with K and V double-buffered): 64 × 64 tiles keep its shared
+// memory within sm80's 163 KB.
+template <int kHeadDim>
+struct BwdDqConfig {
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
+};
+
+template <int kHeadDim_, class Element_, class Config_ = BwdConfig<kHeadDim_>>
 struct BwdTraits {
-  using Config = BwdConfig<kHeadDim_>;
+  using Config = Config_;
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                 std::is_same_v<Element, cutlass::bfloat16_t>);
@@ -78,9 +88,14 @@ struct BwdTraits {
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemPdSBytes = kBlockM * kBlockN * sizeof(Element);
-  // Q, dO, K, V, P, dS, then the block's logsumexp and rowsum(dO∘O) rows.
+  static constexpr int kSmemRowsBytes = kBlockM * int(sizeof(float));  // one LSE or D block
+  // Main kernel: Q, dO, LSE and D rows double-buffered (the next query block
+  // loads while this one computes), K, V, P, dS single.
   static constexpr int kSmemBytes =
-      2 * kSmemQBytes + 2 * kSmemKVBytes + 2 * kSmemPdSBytes + 2 * kBlockM * int(sizeof(float));
+      4 * kSmemQBytes + 2 * kSmemKVBytes + 2 * kSmemPdSBytes + 4 * kSmemRowsBytes;
+  // dQ kernel: Q, dO, LSE, D single, K and V double-buffered, dS.
+  static constexpr int kSmemDqBytes =
+      2 * kSmemQBytes + 4 * kSmemKVBytes + kSmemPdSBytes + 2 * kSmemRowsBytes;
 
   static constexpr int kElemsPerVector = 16 / sizeof(Element);
   static constexpr int kThreadsPerRow = 64 / kElemsPerVector;
@@ -93,6 +108,8 @@ struct BwdTraits {
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+  // One fp32 (LSE or D) per thread, zero-filled past seqlen_q.
+  using RowCopyAtom = SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>;
 };
 
 }  // namespace flashtile::sm80

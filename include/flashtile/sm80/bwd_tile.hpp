@@ -1,0 +1,76 @@
+// Pieces shared by the SM80 backward kernels (bwd_kernel.hpp, the main dK/dV
+// kernel, and bwd_dq_kernel.hpp, the deterministic mode's dQ kernel): the
+// recomputation of P and dS for one (kBlockM, kBlockN) tile, the asynchronous
+// load of a block's LSE and D rows, and the guarded store of an accumulator.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashtile/common/fragment.hpp"
+
+namespace flashtile::sm80 {
+
+using namespace cute;
+
+// P = exp2(S·scale_log2 − LSE·log2 e) and dS = P ∘ (dP − D), in place in the
+// S and dP accumulators. Masked scores must already be −inf (P = 0).
+//   acc_s, acc_dp: (MMA, MMA_M, MMA_N) fragments of the tile
+//   coords: the same partition of an identity tensor, giving (row, col)
+//   lse, dsum: the tile's kBlockM rows of the forward's LSE (natural log) and
+//   of rowsum(dO ∘ O), in shared memory
+template <class AccS, class AccDP, class Coords>
+CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords,
+                                    const float* lse, const float* dsum, float scale_log2) {
+  Tensor s = rowcol_view(acc_s);      // (rows, cols)
+  Tensor dp = rowcol_view(acc_dp);    // (rows, cols)
+  Tensor rc = rowcol_view(coords);    // (rows, cols) -> (row, col)
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const int row = get<0>(rc(mi, 0));
+    // A row that saw no key in the forward has lse = −inf and every score
+    // masked; +inf keeps its P at exp2(−inf) = 0 instead of NaN.
+    const float row_lse = lse[row];
+    const float row_lse_log2 = row_lse == -INFINITY ? INFINITY : row_lse * float(M_LOG2E);
+    const float row_dsum = dsum[row];
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      const float p = fast_exp2(s(mi, ni) * scale_log2 - row_lse_log2);
+      s(mi, ni) = p;
+      dp(mi, ni) = p * (dp(mi, ni) - row_dsum);
+    }
+  }
+}
+
+// Issues cp.async loads of kRows consecutive fp32 values (a block's LSE or D
+// rows) into shared memory, one per thread for threads [0, kRows); rows at or
+// past rows_valid are zero-filled. Zero rows are harmless: their Q and dO
+// rows are zero too, so they add nothing to dK, dV or dQ.
+template <int kRows, class CopyOp>
+CUTE_DEVICE void load_rows_async(CopyOp, const float* src, float* dst, int rows_valid, int thread) {
+  if (thread < kRows) {
+    const bool valid = thread < rows_valid;
+    CopyOp::copy(reinterpret_cast<const uint32_t&>(src[valid ? thread : 0]),
+                 reinterpret_cast<uint32_t&>(dst[thread]), valid);
+  }
+}
+
+// Writes the rows below rows_valid of a register accumulator, scaled and
+// converted, to global memory. coords: the same partition of an identity
+// tensor; out: the (rows, kHeadDim) global tile.
+template <class Element, class Acc, class Coords, class Out>
+CUTE_DEVICE void store_rows(Acc const& acc, Coords const& coords, Out&& out, int rows_valid,
+                            float scale) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    // Accumulator values come in column pairs: one 32-bit store each.
+    const int row = get<0>(coords(i));
+    if (row < rows_valid) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = Element(acc(i) * scale);
+      pair[1] = Element(acc(i + 1) * scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(&out(row, get<1>(coords(i)))) = pair;
+    }
+  }
+}
+
+}  // namespace flashtile::sm80
