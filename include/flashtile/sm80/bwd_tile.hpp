@@ -42,12 +42,12 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
 }
 
 // Issues cp.async loads of kRows consecutive fp32 values (a block's LSE or D
-// rows) into shared memory, one per thread for threads [0, kRows); rows at or
+// rows) into shared memory, one per thread for `thread` in [0, kRows); rows at or
 // past rows_valid are zero-filled. Zero rows are harmless: their Q and dO
 // rows are zero too, so they add nothing to dK, dV or dQ.
 template <int kRows, class CopyOp>
 CUTE_DEVICE void load_rows_async(CopyOp, const float* src, float* dst, int rows_valid, int thread) {
-  if (thread < kRows) {
+  if (thread >= 0 && thread < kRows) {
     const bool valid = thread < rows_valid;
     CopyOp::copy(reinterpret_cast<const uint32_t&>(src[valid ? thread : 0]),
                  reinterpret_cast<uint32_t&>(dst[thread]), valid);
