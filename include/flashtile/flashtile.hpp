@@ -69,8 +69,8 @@ inline Status can_implement_bwd(const BwdParams& p) {
     return Status::kInvalidArgument;
   }
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
-  // Grid: (key blocks, nheads_k, batch).
-  if (p.nheads_k > 65535 || p.batch > 65535) return Status::kInvalidArgument;
+  // Grids: (key blocks, nheads_k, batch) and (query blocks, nheads, batch).
+  if (p.nheads > 65535 || p.batch > 65535) return Status::kInvalidArgument;
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
   const bool aligned =

@@ -119,9 +119,11 @@ int main() {
   bad.head_dim = 96;
   expect(flashtile::fwd(bad, nullptr) == Status::kUnsupportedHeadDim, "fwd() checks before dispatch");
 
-  // Workspace: dQ accumulator (fp32, rounded up to 256 B), then row sums.
+  // Workspace: dQ accumulator (fp32, query rows rounded up to 128, bytes to
+  // 256), then row sums.
   const Bwd b = valid_bwd();
-  const size_t accum = size_t(b.batch) * b.seqlen_q * b.nheads * b.head_dim * sizeof(float);
+  const size_t rows = (size_t(b.seqlen_q) + 127) / 128 * 128;
+  const size_t accum = size_t(b.batch) * rows * b.nheads * b.head_dim * sizeof(float);
   const size_t accum_rounded = (accum + 255) / 256 * 256;
   expect(flashtile::bwd_workspace_bytes(b) ==
              accum_rounded + size_t(b.batch) * b.nheads * b.seqlen_q * sizeof(float),

@@ -6,8 +6,12 @@
 #include <cutlass/numeric_types.h>
 
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/bwd_tile.hpp"
+#include "flashtile/workspace.hpp"
 
 namespace flashtile::sm80 {
+
+using namespace cute;
 
 // dsum[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d] in fp32: the D of
 // dS = P ∘ (dP − D). One thread per (batch, row, head), 16-byte loads.
@@ -37,30 +41,36 @@ __global__ void bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, fl
 }
 
 // dq = dq_accum · softmax_scale, converted to the input dtype, written with
-// dq's strides. dq_accum is contiguous (batch, seqlen_q, nheads, head_dim).
-template <class Element, int kHeadDim>
-__global__ void bwd_convert_dq_kernel(const __grid_constant__ BwdParams params,
-                                      const float* dq_accum) {
-  constexpr int kVector = 8;
-  const int64_t vectors = int64_t(params.batch) * params.seqlen_q * params.nheads * kHeadDim / kVector;
-  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (idx >= vectors) return;
-  const int64_t flat = idx * kVector;
-  const int col = int(flat % kHeadDim);
-  const int64_t r = flat / kHeadDim;
-  const int head = int(r % params.nheads);
-  const int64_t bi = r / params.nheads;
-  const int row = int(bi % params.seqlen_q);
-  const int batch = int(bi / params.seqlen_q);
-  const float4* src = reinterpret_cast<const float4*>(dq_accum + flat);
-  const float4 lo = src[0], hi = src[1];
-  const float vals[kVector] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  cutlass::Array<Element, kVector> out;
+// dq's strides. One CTA per (query block, head, batch) of the main kernel's
+// Traits: each thread reads back the values it would hold in the dQ product
+// (bwd_tile.hpp's dq_accum_offset) and writes them at their (row, col).
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads)
+    bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, const float* dq_accum) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using ShapeQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  const int m_block = blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int tid = threadIdx.x;
+  const float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
+                                      m_block * kBlockM) * kHeadDim;
+  Tensor gdQ = local_tile(make_tensor(make_gmem_ptr(static_cast<Element*>(params.dq) +
+                                                    batch * params.dq_batch_stride + head * params.dq_head_stride),
+                                      make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                                      make_stride(params.dq_row_stride, _1{})),
+                          ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
+  typename Traits::TiledMmadQ mma_dq;
+  Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(ShapeQ{}));  // (MMA, MMA_M, MMA_D) -> (row, col)
+  Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});                                    // (MMA, MMA_M, MMA_D)
   CUTE_UNROLL
-  for (int j = 0; j < kVector; ++j) out[j] = Element(vals[j] * params.softmax_scale);
-  Element* dst = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride +
-                 row * params.dq_row_stride + head * params.dq_head_stride + col;
-  *reinterpret_cast<cutlass::Array<Element, kVector>*>(dst) = out;
+  for (int i = 0; i < size(acc_dq); i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(dq_block + dq_accum_offset<Traits::kNThreads>(tid, i));
+    acc_dq(i) = v.x, acc_dq(i + 1) = v.y, acc_dq(i + 2) = v.z, acc_dq(i + 3) = v.w;
+  }
+  store_rows<Element>(acc_dq, tdQcdQ, gdQ, params.seqlen_q - m_block * kBlockM, params.softmax_scale);
 }
 
 }  // namespace flashtile::sm80

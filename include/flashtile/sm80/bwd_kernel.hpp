@@ -26,6 +26,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
+#include "flashtile/workspace.hpp"
 #include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/gemm.hpp"
@@ -45,6 +46,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
   static_assert(Traits::kNThreads >= 2 * kBlockM, "one thread per row loads LSE, another D");
+  static_assert(kBwdDqAccumRowAlign % kBlockM == 0, "dQ accumulator rows are whole query blocks");
 
   extern __shared__ __align__(128) char smem[];
 
@@ -197,7 +199,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tdSsdS = thr_copy_PdS.partition_D(sdS);   // (CPY, CPY_M, CPY_N)
 
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeS{}));               // (MMA, MMA_M, MMA_N) -> (row, col)
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(ShapeQ{}));              // (MMA, MMA_M, MMA_D) -> (row, col)
   Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(ShapeKV{}));          // (MMA, MMA_N, MMA_D) -> (row, col)
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
@@ -237,17 +238,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
       clear(acc_dq);
       gemm_smem_smem(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, ldsm_dq_a, ldsm_dq_b);
-      // dq_accum is contiguous (batch, seqlen_q, nheads, head_dim).
-      Tensor gdQaccum = local_tile(
-          make_tensor(make_gmem_ptr(dq_accum + (int64_t(batch) * params.seqlen_q * params.nheads + head) * kHeadDim),
-                      make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                      make_stride(int64_t(params.nheads) * kHeadDim, _1{})),
-          ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-      const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
+      // This query block's slice of the accumulator (bwd_dq_accum_rows:
+      // seqlen_q rounded up to whole blocks). Rows past seqlen_q add zeros
+      // there (their dS is 0), so no row guard is needed.
+      float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
+                                    m_block * kBlockM) * kHeadDim;
+      static_assert(decltype(size(acc_dq))::value % 4 == 0);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) {
-        const int r = get<0>(tdQcdQ(i));
-        if (r < q_rows_valid) atomicAdd(&gdQaccum(r, get<1>(tdQcdQ(i))), acc_dq(i));
+      for (int i = 0; i < size(acc_dq); i += 4) {
+        atomic_add_float4(dq_block + dq_accum_offset<Traits::kNThreads>(tid, i), acc_dq(i), acc_dq(i + 1),
+                          acc_dq(i + 2), acc_dq(i + 3));
       }
     }
   }

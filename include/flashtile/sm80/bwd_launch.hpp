@@ -77,9 +77,8 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
                                                    Traits::kNThreads, stream, params, ws.dq_accum,
                                                    static_cast<const float*>(ws.dsum));
   if (err != cudaSuccess) return Status::kCudaError;
-  const int64_t vectors = rows * kHeadDim / 8;
-  bwd_convert_dq_kernel<Element, kHeadDim>
-      <<<unsigned(ceil_div(vectors, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dq_accum);
+  const dim3 convert_grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.nheads, params.batch);
+  bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, 0, stream>>>(params, ws.dq_accum);
   return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 

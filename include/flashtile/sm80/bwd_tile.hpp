@@ -54,6 +54,31 @@ CUTE_DEVICE void load_rows_async(CopyOp, const float* src, float* dst, int rows_
   }
 }
 
+// The fp32 dQ accumulator keeps each (kBlockM, kHeadDim) query block in the
+// dQ product's register-fragment order: thread t's values 4g..4g+3 sit at
+// g·(4·kNThreads) + 4t. A warp's atomic add then covers 512 contiguous bytes,
+// one 16-byte vector per lane, where the (row, col) order would scatter it
+// over 8 rows. The convert kernel reads it back through the same partition.
+template <int kNThreads>
+CUTE_HOST_DEVICE constexpr int dq_accum_offset(int thread, int value) {
+  return (value / 4) * (4 * kNThreads) + 4 * thread + value % 4;
+}
+
+// *dst += (a, b, c, d), one vector reduction on sm90 (PTX red.v4.f32), four
+// scalar ones before it. dst must be 16-byte aligned.
+CUTE_DEVICE void atomic_add_float4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+  atomicAdd(dst + 2, c);
+  atomicAdd(dst + 3, d);
+#endif
+}
+
 // Writes the rows below rows_valid of a register accumulator, scaled and
 // converted, to global memory. coords: the same partition of an identity
 // tensor; out: the (rows, kHeadDim) global tile.
