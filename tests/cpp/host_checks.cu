@@ -296,8 +296,10 @@ int main() {
   check_fwd_config<FwdTraitsFor<64, cutlass::bfloat16_t>>("fwd d64 bf16");
   check_fwd_config<FwdTraitsFor<128, cutlass::half_t>>("fwd d128 fp16");
   check_fwd_config<FwdTraitsFor<128, cutlass::bfloat16_t>>("fwd d128 bf16");
-  check_bwd_config<BwdTraits<64, cutlass::bfloat16_t>>("bwd d64");
-  check_bwd_config<BwdTraits<128, cutlass::bfloat16_t>>("bwd d128");
+  using flashtile::sm80::BwdConfig;
+  check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdConfig<64, false>>>("bwd d64");
+  check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdConfig<64, true>>>("bwd d64 causal");
+  check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdConfig<128, false>>>("bwd d128");
   using flashtile::sm80::BwdDqConfig;
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdDqConfig<64>>>("bwd dq-kernel d64");
   check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdDqConfig<128>>>("bwd dq-kernel d128");

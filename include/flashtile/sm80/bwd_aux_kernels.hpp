@@ -14,30 +14,39 @@ namespace flashtile::sm80 {
 using namespace cute;
 
 // dsum[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d] in fp32: the D of
-// dS = P ∘ (dP − D). One thread per (batch, row, head), 16-byte loads.
+// dS = P ∘ (dP − D). kVectors threads share a (batch, row, head) row, one
+// 16-byte vector of out and dout each, so a warp reads whole contiguous rows;
+// a shuffle reduction sums them. Launch with 128 threads per CTA.
 template <class Element, int kHeadDim>
-__global__ void bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum) {
+__global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum) {
+  constexpr int kElemsPerVector = 16 / sizeof(Element);
+  constexpr int kVectors = kHeadDim / kElemsPerVector;  // threads per row
+  static_assert(kVectors <= 32 && 32 % kVectors == 0);
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
-  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (idx >= rows) return;
-  const int head = int(idx % params.nheads);
-  const int64_t bi = idx / params.nheads;
-  const int row = int(bi % params.seqlen_q);
-  const int batch = int(bi / params.seqlen_q);
-  const Element* o = static_cast<const Element*>(params.out) + batch * params.out_batch_stride +
-                     row * params.out_row_stride + head * params.out_head_stride;
-  const Element* d_o = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
-                       row * params.dout_row_stride + head * params.dout_head_stride;
-  constexpr int kVector = 16 / sizeof(Element);
+  const int64_t idx = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kVectors;
+  const int col = (threadIdx.x % kVectors) * kElemsPerVector;
   float sum = 0.f;
-  CUTE_UNROLL
-  for (int c = 0; c < kHeadDim; c += kVector) {
-    cutlass::Array<Element, kVector> ov = *reinterpret_cast<const cutlass::Array<Element, kVector>*>(o + c);
-    cutlass::Array<Element, kVector> dv = *reinterpret_cast<const cutlass::Array<Element, kVector>*>(d_o + c);
+  if (idx < rows) {
+    const int head = int(idx % params.nheads);
+    const int64_t bi = idx / params.nheads;
+    const int row = int(bi % params.seqlen_q);
+    const int batch = int(bi / params.seqlen_q);
+    const Element* o = static_cast<const Element*>(params.out) + batch * params.out_batch_stride +
+                       row * params.out_row_stride + head * params.out_head_stride + col;
+    const Element* d_o = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
+                         row * params.dout_row_stride + head * params.dout_head_stride + col;
+    const auto ov = *reinterpret_cast<const cutlass::Array<Element, kElemsPerVector>*>(o);
+    const auto dv = *reinterpret_cast<const cutlass::Array<Element, kElemsPerVector>*>(d_o);
     CUTE_UNROLL
-    for (int j = 0; j < kVector; ++j) sum += float(ov[j]) * float(dv[j]);
+    for (int j = 0; j < kElemsPerVector; ++j) sum += float(ov[j]) * float(dv[j]);
   }
-  dsum[(int64_t(batch) * params.nheads + head) * params.seqlen_q + row] = sum;
+  CUTE_UNROLL
+  for (int offset = kVectors / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (idx < rows && threadIdx.x % kVectors == 0) {
+    const int head = int(idx % params.nheads);
+    const int64_t bi = idx / params.nheads;
+    dsum[(int64_t(bi / params.seqlen_q) * params.nheads + head) * params.seqlen_q + bi % params.seqlen_q] = sum;
+  }
 }
 
 // dq = dq_accum · softmax_scale, converted to the input dtype, written with

@@ -32,51 +32,38 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
 }
 
 // The backward with explicit tile traits: Traits for the main kernel,
-// DqTraits for the deterministic mode's dQ kernel.
-template <class Traits, class DqTraits>
+// DqTraits for the deterministic mode's dQ kernel. kIsCausal must match
+// params.causal.
+template <class Traits, class DqTraits, bool kIsCausal>
 Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
-  constexpr int kThreads = 128;
+  const float* dsum = ws.dsum;
+  constexpr int kRowsPerCta = 128 / (kHeadDim * int(sizeof(Element)) / 16);
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
   bwd_dot_do_o_kernel<Element, kHeadDim>
-      <<<unsigned(ceil_div(rows, int64_t(kThreads))), kThreads, 0, stream>>>(params, ws.dsum);
+      <<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), 128, 0, stream>>>(params, ws.dsum);
   if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
 
   const dim3 dkdv_grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.nheads_k, params.batch);
-  cudaError_t err;
   if (params.deterministic) {
-    err = params.causal
-              ? launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, true, false>, dkdv_grid,
-                                                     Traits::kNThreads, stream, params, ws.dq_accum,
-                                                     static_cast<const float*>(ws.dsum))
-              : launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, false, false>, dkdv_grid,
-                                                     Traits::kNThreads, stream, params, ws.dq_accum,
-                                                     static_cast<const float*>(ws.dsum));
+    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, false>, dkdv_grid,
+                                                           Traits::kNThreads, stream, params, ws.dq_accum, dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(ceil_div(params.seqlen_q, DqTraits::kBlockM), params.nheads, params.batch);
-    err = params.causal
-              ? launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, true>, dq_grid,
-                                                         DqTraits::kNThreads, stream, params,
-                                                         static_cast<const float*>(ws.dsum))
-              : launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, false>, dq_grid,
-                                                         DqTraits::kNThreads, stream, params,
-                                                         static_cast<const float*>(ws.dsum));
+    err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kIsCausal>, dq_grid,
+                                                   DqTraits::kNThreads, stream, params, dsum);
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
 
   if (cudaMemsetAsync(ws.dq_accum, 0, ws.dq_accum_bytes, stream) != cudaSuccess) {
     return Status::kCudaError;
   }
-  err = params.causal
-            ? launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, true, true>, dkdv_grid,
-                                                   Traits::kNThreads, stream, params, ws.dq_accum,
-                                                   static_cast<const float*>(ws.dsum))
-            : launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, false, true>, dkdv_grid,
-                                                   Traits::kNThreads, stream, params, ws.dq_accum,
-                                                   static_cast<const float*>(ws.dsum));
-  if (err != cudaSuccess) return Status::kCudaError;
+  if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, true>, dkdv_grid, Traits::kNThreads,
+                                           stream, params, ws.dq_accum, dsum) != cudaSuccess) {
+    return Status::kCudaError;
+  }
   const dim3 convert_grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.nheads, params.batch);
   bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, 0, stream>>>(params, ws.dq_accum);
   return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
@@ -86,8 +73,11 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
 // can_implement_bwd(params) passed.
 template <int kHeadDim, class Element>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
-  return run_bwd_with<BwdTraits<kHeadDim, Element>,
-                      BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>>(params, stream);
+  using DqTraits = BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>;
+  return params.causal
+             ? run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, true>(params, stream)
+             : run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, false>>, DqTraits, false>(params,
+                                                                                                      stream);
 }
 
 }  // namespace flashtile::sm80

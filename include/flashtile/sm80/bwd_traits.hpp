@@ -20,18 +20,25 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-// Block shapes per head dim for the main (dK, dV) kernel: 64 query rows × 128
-// keys, 8 warps, warps laid out (M × N) as kAtomM* × (8 / kAtomM*) for each
-// product.
-template <int kHeadDim>
+// Block shapes for the main (dK, dV) kernel per head dim and mask: query
+// rows × keys, 8 warps, warps laid out (M × N) as kAtomM* × (8 / kAtomM*) for
+// each product. Chosen on the H200 (benchmarks/NOTES.md, "Backward v2"):
+// d64 non-causal 128 × 128 is 15 % faster than 64 × 128 at 4k–16k; causal,
+// whose diagonal blocks waste half a 128-row block, is 3 % slower with it.
+template <int kHeadDim, bool kIsCausal>
 struct BwdConfig;
 template <>
-struct BwdConfig<64> {
+struct BwdConfig<64, false> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8;
+  static constexpr int kAtomMSdP = 4, kAtomNdKV = 4, kAtomMdQ = 4;
+};
+template <>
+struct BwdConfig<64, true> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
 };
-template <>
-struct BwdConfig<128> {
+template <bool kIsCausal>
+struct BwdConfig<128, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
 };
@@ -45,7 +52,7 @@ struct BwdDqConfig {
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
 };
 
-template <int kHeadDim_, class Element_, class Config_ = BwdConfig<kHeadDim_>>
+template <int kHeadDim_, class Element_, class Config_>
 struct BwdTraits {
   using Config = Config_;
   using Element = Element_;
