@@ -43,10 +43,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ __align__(128) char smem[];
 
-  // Causal: the last query blocks see the most keys; launch them first.
-  const int m_block = kIsCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  // A 1-D grid with the query block slowest; causal: the last query blocks
+  // see the most keys, so they start first, across every head and batch.
+  const int heads_batches = params.nheads * params.batch;
+  const int m_blocks = ceil_div(params.seqlen_q, kBlockM);
+  const int block_order = int(blockIdx.x) / heads_batches;
+  const int m_block = kIsCausal ? m_blocks - 1 - block_order : block_order;
+  const int head = int(blockIdx.x) % heads_batches % params.nheads;
+  const int batch = int(blockIdx.x) % heads_batches / params.nheads;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
   const int q_rows_valid = params.seqlen_q - m_block * kBlockM;

@@ -50,9 +50,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ __align__(128) char smem[];
 
-  const int n_block = blockIdx.x;
-  const int head_k = blockIdx.y;
-  const int batch = blockIdx.z;
+  // A 1-D grid with the key block slowest: with causal, key block 0 sees
+  // every query block and the last sees the fewest, so the longest CTAs of
+  // every head and batch start first and the short ones fill the tail.
+  const int heads_batches = params.nheads_k * params.batch;
+  const int n_block = int(blockIdx.x) / heads_batches;
+  const int head_k = int(blockIdx.x) % heads_batches % params.nheads_k;
+  const int batch = int(blockIdx.x) % heads_batches / params.nheads_k;
   const int tid = threadIdx.x;
   const int group = params.nheads / params.nheads_k;
   const int kv_rows_valid = params.seqlen_k - n_block * kBlockN;

@@ -46,12 +46,14 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
       <<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), 128, 0, stream>>>(params, ws.dsum);
   if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
 
-  const dim3 dkdv_grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.nheads_k, params.batch);
+  // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
+  // keeps them within 2^31 − 1 blocks.
+  const dim3 dkdv_grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   if (params.deterministic) {
     cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, false>, dkdv_grid,
                                                            Traits::kNThreads, stream, params, ws.dq_accum, dsum);
     if (err != cudaSuccess) return Status::kCudaError;
-    const dim3 dq_grid(ceil_div(params.seqlen_q, DqTraits::kBlockM), params.nheads, params.batch);
+    const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
     err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kIsCausal>, dq_grid,
                                                    DqTraits::kNThreads, stream, params, dsum);
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
