@@ -1,0 +1,135 @@
+// Runs every registered kernel (flashtile::kernels) over a matrix of small
+// problems, forward then backward (default and deterministic), for
+// compute-sanitizer (tests/sanitizer/run.sh): odd seqlens on both sides, GQA,
+// causal with seqlen_q > seqlen_k (rows that see no key) and the reverse,
+// strided (padded) rows. It checks each Status and each kernel's error, and
+// prints one line per problem; the numerics are the Python tests' job.
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "flashtile/flashtile.hpp"
+
+namespace {
+
+struct Problem {
+  int batch, seqlen_q, seqlen_k, nheads, nheads_k;
+  bool causal;
+};
+
+// Fills n 2-byte elements with small pseudo-random values (a hash of the
+// index), as bf16 or fp16 bit patterns.
+__global__ void fill_kernel(uint16_t* data, size_t n, uint32_t seed, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    const float value = (float(x & 0xffff) / 65536.f - 0.5f) * 4.f;
+    const uint32_t bits = __float_as_uint(value);
+    data[i] = bf16 ? uint16_t(bits >> 16) : __half_as_ushort(__float2half(value));
+  }
+}
+
+// One (batch, seqlen, heads, head_dim) tensor with rows padded by 8 elements,
+// so that no stride equals its contiguous value.
+struct Tensor4 {
+  uint16_t* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+  size_t elements = 0;
+
+  Tensor4(int batch, int seqlen, int heads, int head_dim) {
+    head_stride = head_dim;
+    row_stride = int64_t(heads) * head_dim + 8;
+    batch_stride = int64_t(seqlen) * row_stride;
+    elements = size_t(batch) * batch_stride;
+    cudaMalloc(&data, elements * sizeof(uint16_t));
+    cudaMemset(data, 0, elements * sizeof(uint16_t));
+  }
+  ~Tensor4() { cudaFree(data); }
+  Tensor4(const Tensor4&) = delete;
+  Tensor4& operator=(const Tensor4&) = delete;
+};
+
+bool check(const char* what, flashtile::Status status) {
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (status != flashtile::Status::kSuccess || err != cudaSuccess) {
+    std::printf("  FAILED %s: %s, %s\n", what, flashtile::status_string(status), cudaGetErrorString(err));
+    return false;
+  }
+  return true;
+}
+
+bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic, uint32_t seed) {
+  const int d = key.head_dim;
+  const bool bf16 = key.dtype == flashtile::DType::kBf16;
+  Tensor4 q(pr.batch, pr.seqlen_q, pr.nheads, d), k(pr.batch, pr.seqlen_k, pr.nheads_k, d),
+      v(pr.batch, pr.seqlen_k, pr.nheads_k, d), out(pr.batch, pr.seqlen_q, pr.nheads, d),
+      dout(pr.batch, pr.seqlen_q, pr.nheads, d), dq(pr.batch, pr.seqlen_q, pr.nheads, d),
+      dk(pr.batch, pr.seqlen_k, pr.nheads_k, d), dv(pr.batch, pr.seqlen_k, pr.nheads_k, d);
+  for (Tensor4* t : {&q, &k, &v, &dout}) fill_kernel<<<256, 256>>>(t->data, t->elements, seed++, bf16);
+  float* lse = nullptr;
+  cudaMalloc(&lse, size_t(pr.batch) * pr.nheads * pr.seqlen_q * sizeof(float));
+
+  flashtile::FwdParams f;
+  f.q = q.data, f.k = k.data, f.v = v.data, f.out = out.data, f.lse = lse;
+  f.q_batch_stride = q.batch_stride, f.q_row_stride = q.row_stride, f.q_head_stride = q.head_stride;
+  f.k_batch_stride = k.batch_stride, f.k_row_stride = k.row_stride, f.k_head_stride = k.head_stride;
+  f.v_batch_stride = v.batch_stride, f.v_row_stride = v.row_stride, f.v_head_stride = v.head_stride;
+  f.out_batch_stride = out.batch_stride, f.out_row_stride = out.row_stride, f.out_head_stride = out.head_stride;
+  f.batch = pr.batch, f.nheads = pr.nheads, f.nheads_k = pr.nheads_k;
+  f.seqlen_q = pr.seqlen_q, f.seqlen_k = pr.seqlen_k, f.head_dim = d;
+  f.softmax_scale = 0.125f, f.causal = pr.causal, f.dtype = key.dtype;
+  bool ok = check("fwd", flashtile::fwd(f, nullptr));
+
+  flashtile::BwdParams b;
+  b.q = q.data, b.k = k.data, b.v = v.data, b.out = out.data, b.dout = dout.data, b.lse = lse;
+  b.dq = dq.data, b.dk = dk.data, b.dv = dv.data;
+  b.q_batch_stride = f.q_batch_stride, b.q_row_stride = f.q_row_stride, b.q_head_stride = f.q_head_stride;
+  b.k_batch_stride = f.k_batch_stride, b.k_row_stride = f.k_row_stride, b.k_head_stride = f.k_head_stride;
+  b.v_batch_stride = f.v_batch_stride, b.v_row_stride = f.v_row_stride, b.v_head_stride = f.v_head_stride;
+  b.out_batch_stride = f.out_batch_stride, b.out_row_stride = f.out_row_stride, b.out_head_stride = f.out_head_stride;
+  b.dout_batch_stride = dout.batch_stride, b.dout_row_stride = dout.row_stride, b.dout_head_stride = dout.head_stride;
+  b.dq_batch_stride = dq.batch_stride, b.dq_row_stride = dq.row_stride, b.dq_head_stride = dq.head_stride;
+  b.dk_batch_stride = dk.batch_stride, b.dk_row_stride = dk.row_stride, b.dk_head_stride = dk.head_stride;
+  b.dv_batch_stride = dv.batch_stride, b.dv_row_stride = dv.row_stride, b.dv_head_stride = dv.head_stride;
+  b.batch = pr.batch, b.nheads = pr.nheads, b.nheads_k = pr.nheads_k;
+  b.seqlen_q = pr.seqlen_q, b.seqlen_k = pr.seqlen_k, b.head_dim = d;
+  b.softmax_scale = f.softmax_scale, b.causal = pr.causal, b.deterministic = deterministic, b.dtype = key.dtype;
+  void* workspace = nullptr;
+  cudaMalloc(&workspace, flashtile::bwd_workspace_bytes(b));
+  b.workspace = workspace;
+  ok = check(deterministic ? "bwd deterministic" : "bwd", flashtile::bwd(b, nullptr)) && ok;
+  cudaFree(workspace);
+  cudaFree(lse);
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  const Problem problems[] = {
+      {2, 17, 33, 4, 2, false}, {2, 17, 33, 4, 2, true},     // short, GQA, seqlen_q < seqlen_k
+      {1, 130, 67, 2, 1, true},                              // rows that see no key
+      {1, 257, 129, 4, 4, false}, {1, 129, 257, 4, 4, true},  // several blocks, partial last ones
+  };
+  int runs = 0, failures = 0;
+  uint32_t seed = 1;
+  for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
+    if (key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype)
+    for (const Problem& pr : problems) {
+      for (bool deterministic : {false, true}) {
+        std::printf("hdim %d %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d deterministic %d\n",
+                    key.head_dim, flashtile::dtype_name(key.dtype), pr.batch, pr.seqlen_q, pr.seqlen_k,
+                    pr.nheads, pr.nheads_k, int(pr.causal), int(deterministic));
+        ++runs;
+        if (!run(key, pr, deterministic, seed)) ++failures;
+        seed += 16;
+      }
+    }
+  }
+  std::printf("%d problems, %d failed\n", runs, failures);
+  return failures == 0 && runs > 0 ? 0 : 1;
+}
