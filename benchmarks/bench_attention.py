@@ -653,7 +653,7 @@ def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: l
         if not direction_cases:
             continue
         print(f"\n{direction} {direction_cases[0].dtype}, TFLOP/s ({DIRECTION_FLOPS[direction]:g} × forward FLOPs); "
-              "flashtile ÷ SDPA at the right")
+              "flashtile ÷ SDPA, and ÷ its deterministic mode, at the right")
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6}" + "".join(f" {c:>14}" for c in columns)
               + "".join(f" {'ft/' + b.removeprefix('sdpa_').replace('flashtile_deterministic', 'det'):>9}"
                         for b in ratios))

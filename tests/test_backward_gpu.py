@@ -98,8 +98,9 @@ def check_grads(q, k, v, dout, out, grads, causal, softmax_scale=None, contiguou
         assert_close_fa_rule(got, ref, pt, name, atol=atol)
 
 
-def run_and_check(q, k, v, causal, softmax_scale=None, dout=None):
-    out = flashtile.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
+def run_and_check(q, k, v, causal, softmax_scale=None, dout=None, deterministic=False):
+    out = flashtile.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                    deterministic=deterministic)
     if dout is None:
         dout = torch.randn_like(out)
     grads = flash_grads(out, (q, k, v), dout)
@@ -125,13 +126,14 @@ SEQLEN_PAIRS = [(1, 1), (1, 17), (17, 1), (17, 113), (113, 17), (257, 257), (1, 
                 (1023, 2049), (2049, 1023)]
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
-def test_grads_seqlens(seqlen_q, seqlen_k, causal):
+def test_grads_seqlens(seqlen_q, seqlen_k, causal, deterministic):
     head_dim, dtype = default_config()
     # batch 1 and 4 heads keep the fp32 reference at 2049 x 1023 small (~35 MB a score tensor)
     q, k, v = rand_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
-    run_and_check(q, k, v, causal)
+    run_and_check(q, k, v, causal, deterministic=deterministic)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -171,16 +173,18 @@ def test_grads_large_logits(causal):
     run_and_check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 17), (300, 129)])
-def test_rows_without_keys(seqlen_q, seqlen_k, dtype, head_dim):
+def test_rows_without_keys(seqlen_q, seqlen_k, dtype, head_dim, deterministic):
     """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k query rows
     see no key (lse -inf, out 0). Their P must be 0, not exp(-inf + inf) = NaN:
-    every gradient finite, dq exactly 0 on those rows."""
+    every gradient finite, dq exactly 0 on those rows; in deterministic mode
+    the dQ kernel's blocks that see no key block write those zeros."""
     require_built(head_dim, dtype)
     q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
-    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    out = flashtile.flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
     dout = torch.randn_like(out)
     dq, dk, dv = flash_grads(out, (q, k, v), dout)
     empty = seqlen_q - seqlen_k
@@ -386,27 +390,29 @@ def test_deterministic_backward_is_bitwise_repeatable(head_dim, dtype, causal):
 
 @pytest.mark.parametrize("api", ["func", "qkvpacked", "kvpacked"])
 def test_deterministic_through_every_api(api):
-    """Each public function passes deterministic=True to the backward: packed
-    gradients repeat bit for bit and match the default mode's up to the
-    order of the default mode's atomic adds."""
+    """Each public function's deterministic=True reaches the backward: its
+    gradients equal, bit for bit, those of flashtile::bwd called directly with
+    deterministic=True. The default mode's atomic adds sum dq in another order
+    (128-key partials, not 64-key blocks), so a dropped flag changes the bits."""
     head_dim, dtype = default_config()
     qkv = torch.randn(2, 193, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
     dout = torch.randn(2, 193, 4, head_dim, device="cuda", dtype=dtype)
+    q, k, v = qkv.detach().unbind(2)
+    scale = head_dim ** -0.5
+    out, lse = torch.ops.flashtile.fwd(q, k, v, scale, True, True)
+    want = torch.stack(torch.ops.flashtile.bwd(dout, q, k, v, out, lse, scale, True, True), dim=2)
 
-    def grad(deterministic):
-        if api == "func":
-            out = flashtile.flash_attn_func(*qkv.unbind(2), causal=True, deterministic=deterministic)
-        elif api == "qkvpacked":
-            out = flashtile.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=deterministic)
-        else:
-            out = flashtile.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:], causal=True,
-                                                     deterministic=deterministic)
-        (g,) = torch.autograd.grad(out, (qkv,), dout)
-        return g
-
-    first, second, default = grad(True), grad(True), grad(False)
-    assert torch.equal(first, second)
-    assert_close_up_to_atomics(first, default, "dqkv")
+    if api == "func":
+        got_out = flashtile.flash_attn_func(*qkv.unbind(2), causal=True, deterministic=True)
+    elif api == "qkvpacked":
+        got_out = flashtile.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=True)
+    else:
+        got_out = flashtile.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:], causal=True,
+                                                     deterministic=True)
+    (got,) = torch.autograd.grad(got_out, (qkv,), dout)
+    assert torch.equal(got_out, out)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert torch.equal(got[:, :, i], want[:, :, i]), f"{name} differs from flashtile::bwd(deterministic)"
 
 
 def test_backward_kernel_not_built_is_named():

@@ -406,6 +406,44 @@ def test_fake_qkvpacked_shapes():
         assert out.shape == (2, 9, 4, qkv.shape[-1]) and out.dtype == qkv.dtype
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("func", ["func", "qkvpacked", "kvpacked"])
+def test_deterministic_reaches_the_backward_op(monkeypatch, func, deterministic):
+    """The public functions' deterministic flag travels through flashtile::fwd's
+    autograd context to flashtile::bwd (fake tensors: the graph runs, no kernel),
+    and the gradients keep the inputs' shapes."""
+    seen = []
+    real_bwd = _ops.bwd
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real_bwd(*args)
+
+    monkeypatch.setattr(_ops, "bwd", spy)
+    with FakeTensorMode():
+        q, k, v = make_qkv(2, 9, 11, nheads=4, nheads_k=4, device="cuda")
+        if func == "func":
+            leaves = tuple(t.requires_grad_() for t in (q, k, v))
+            out = flashtile.flash_attn_func(*leaves, causal=True, deterministic=deterministic)
+        elif func == "qkvpacked":
+            leaves = (torch.stack([q, k[:, :9], v[:, :9]], dim=2).requires_grad_(),)
+            out = flashtile.flash_attn_qkvpacked_func(*leaves, deterministic=deterministic)
+        else:
+            leaves = (q.requires_grad_(), torch.stack([k, v], dim=2).requires_grad_())
+            out = flashtile.flash_attn_kvpacked_func(*leaves, deterministic=deterministic)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    assert seen == [deterministic]
+    assert all(g.shape == leaf.shape for g, leaf in zip(grads, leaves))
+
+
+def test_custom_ops_default_to_the_atomic_backward():
+    """deterministic has a default on both ops, so their five-argument form
+    (the README's torch.ops.flashtile.fwd(q, k, v, scale, causal)) still works."""
+    for op in (torch.ops.flashtile.fwd.default, torch.ops.flashtile.bwd.default):
+        argument = op._schema.arguments[-1]
+        assert argument.name == "deterministic" and argument.default_value is False, op._schema
+
+
 # --------------------------------------------------------------------------
 # the reference itself
 # --------------------------------------------------------------------------

@@ -18,10 +18,12 @@ struct BwdWorkspace {
   float* dsum;
 };
 
+#ifndef FLASHTILE_HOST_DEVICE
 #ifdef __CUDACC__
 #define FLASHTILE_HOST_DEVICE __host__ __device__
 #else
 #define FLASHTILE_HOST_DEVICE
+#endif
 #endif
 
 // Every backward kernel's query block divides this.

@@ -1,9 +1,9 @@
 """The torch.library custom ops around the extension: forward and backward.
 
-``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic) -> (out, lse)``
-allocates its
-outputs, handles the empty cases without touching the extension, and otherwise
-launches ``_C.fwd`` on the inputs' device and torch's current stream there.
+``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic=False) -> (out,
+lse)`` allocates its outputs, handles the empty cases without touching the
+extension, and otherwise launches ``_C.fwd`` on the inputs' device and torch's
+current stream there.
 Its fake (meta) implementation gives torch.compile the output shapes; its
 autograd registration saves only q, k, v, out and the row logsumexp and runs
 ``flashtile::bwd`` (also a custom op with a fake) for the gradients.
@@ -67,7 +67,7 @@ def fwd(
     v: torch.Tensor,
     softmax_scale: float,
     causal: bool,
-    deterministic: bool,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
     if out.numel() == 0:  # batch, seqlen_q or nheads is 0: nothing to compute
@@ -86,7 +86,7 @@ def fwd(
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, deterministic):
+def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False):
     return _empty_outputs(q)
 
 
@@ -110,7 +110,7 @@ def bwd(
     lse: torch.Tensor,
     softmax_scale: float,
     causal: bool,
-    deterministic: bool,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
     GQA each of dk and dv sums over the query heads of its group. With
@@ -137,7 +137,7 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False):
     return _empty_grads(q, k, v)
 
 

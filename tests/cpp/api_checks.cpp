@@ -101,6 +101,14 @@ int main() {
   expect_refused<Bwd>("bwd: null dout", Status::kInvalidArgument, bwd_check, [](Bwd& p) { p.dout = nullptr; }, valid_bwd());
   expect_refused<Bwd>("bwd: null workspace", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.workspace = nullptr; }, valid_bwd());
+  // The main and dQ kernels' 1-D grids: blocks of 64 rows × nheads × batch within 2^31 − 1.
+  expect_refused<Bwd>("bwd: 1-D grid past 2^31 - 1 blocks", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.nheads = p.nheads_k = 65535, p.batch = 65535; }, valid_bwd());
+  {
+    Bwd at_bound = valid_bwd();  // 1 block of 64 rows × 65535 heads × 32768 = 2^31 − 32768
+    at_bound.nheads = at_bound.nheads_k = 65535, at_bound.batch = 32768;
+    expect(flashtile::can_implement_bwd(at_bound) == Status::kSuccess, "bwd: 1-D grid at its bound passes");
+  }
   expect_refused<Bwd>("bwd: head_dim 256", Status::kUnsupportedHeadDim, bwd_check,
                       [](Bwd& p) { p.head_dim = 256; }, valid_bwd());
   expect_refused<Bwd>("bwd: misaligned dq", Status::kMisalignedPointer, bwd_check,

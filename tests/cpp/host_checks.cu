@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 
@@ -283,6 +284,25 @@ void check_bwd_config(const char* config) {
          config, "ldmatrix of dS (dQ) is conflict-free");
   expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return dq_b.get_slice(t).partition_S(sKt); }),
          config, "ldmatrix.trans of K (dQ) is conflict-free");
+
+  if constexpr (!kDqKernel) {
+    // The fp32 dQ accumulator's per-block layout (dq_accum_offset): every
+    // (thread, value) of the dQ product gets its own slot in [0, kM·kD), which
+    // the main kernel's atomic adds and the convert kernel both rely on.
+    constexpr int kValues = decltype(size(partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kD>>{})))::value;
+    std::vector<int> hits(kM * kD, 0);
+    bool in_range = kValues % 4 == 0;
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kValues; ++i) {
+        const int offset = flashtile::sm80::dq_accum_offset<kThreads>(t, i);
+        in_range &= offset >= 0 && offset < kM * kD;
+        if (offset >= 0 && offset < kM * kD) ++hits[offset];
+      }
+    }
+    bool once = in_range;
+    for (int h : hits) once &= h == 1;
+    expect(once, config, "dQ accumulator layout is a bijection onto the block");
+  }
 
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
   expect(word_stores_conflict_free(pds_buf.data(), [&](int t) { return copy_pds.get_slice(t).partition_D(sP); }),

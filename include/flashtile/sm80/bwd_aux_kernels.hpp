@@ -13,15 +13,23 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
+// The rowsum kernel's launch shape: kDotThreads threads per CTA, each row
+// shared by kHeadDim / (16 bytes / element) of them.
+constexpr int kDotThreads = 128;
+template <class Element, int kHeadDim>
+constexpr int kDotRowsPerCta = kDotThreads / (kHeadDim * int(sizeof(Element)) / 16);
+
 // dsum[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d] in fp32: the D of
 // dS = P ∘ (dP − D). kVectors threads share a (batch, row, head) row, one
 // 16-byte vector of out and dout each, so a warp reads whole contiguous rows;
-// a shuffle reduction sums them. Launch with 128 threads per CTA.
+// a shuffle reduction sums them. Launch with kDotThreads threads per CTA and
+// kDotRowsPerCta rows per CTA.
 template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum) {
+__global__ void __launch_bounds__(kDotThreads) bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum) {
   constexpr int kElemsPerVector = 16 / sizeof(Element);
   constexpr int kVectors = kHeadDim / kElemsPerVector;  // threads per row
   static_assert(kVectors <= 32 && 32 % kVectors == 0);
+  static_assert(kDotRowsPerCta<Element, kHeadDim> * kVectors == kDotThreads);
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
   const int64_t idx = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kVectors;
   const int col = (threadIdx.x % kVectors) * kElemsPerVector;

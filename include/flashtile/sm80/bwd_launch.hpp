@@ -8,6 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_aux_kernels.hpp"
 #include "flashtile/sm80/bwd_dq_kernel.hpp"
@@ -38,20 +40,26 @@ template <class Traits, class DqTraits, bool kIsCausal>
 Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
+  static_assert(std::is_same_v<Element, typename DqTraits::Element> && kHeadDim == DqTraits::kHeadDim);
+  // can_implement_bwd bounds the 1-D grids counting blocks of 64 rows.
+  static_assert(Traits::kBlockN % 64 == 0 && DqTraits::kBlockM % 64 == 0);
+  if (params.causal != kIsCausal) return Status::kInvalidArgument;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   const float* dsum = ws.dsum;
-  constexpr int kRowsPerCta = 128 / (kHeadDim * int(sizeof(Element)) / 16);
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
+  constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
   bwd_dot_do_o_kernel<Element, kHeadDim>
-      <<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), 128, 0, stream>>>(params, ws.dsum);
+      <<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(params, ws.dsum);
   if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
 
   // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
   // keeps them within 2^31 − 1 blocks.
   const dim3 dkdv_grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   if (params.deterministic) {
+    // No dQ accumulator in this mode (the kernel variant never touches it).
     cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, false>, dkdv_grid,
-                                                           Traits::kNThreads, stream, params, ws.dq_accum, dsum);
+                                                           Traits::kNThreads, stream, params,
+                                                           static_cast<float*>(nullptr), dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
     err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kIsCausal>, dq_grid,

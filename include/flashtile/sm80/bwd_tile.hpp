@@ -1,7 +1,9 @@
 // Pieces shared by the SM80 backward kernels (bwd_kernel.hpp, the main dK/dV
-// kernel, and bwd_dq_kernel.hpp, the deterministic mode's dQ kernel): the
-// recomputation of P and dS for one (kBlockM, kBlockN) tile, the asynchronous
-// load of a block's LSE and D rows, and the guarded store of an accumulator.
+// kernel; bwd_dq_kernel.hpp, the deterministic mode's dQ kernel; and the
+// convert kernel of bwd_aux_kernels.hpp): the recomputation of P and dS for
+// one (kBlockM, kBlockN) tile, the asynchronous load of a block's LSE and D
+// rows, the dQ accumulator's layout and its vector atomic add, and the
+// guarded store of an accumulator.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -43,8 +45,10 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
 
 // Issues cp.async loads of kRows consecutive fp32 values (a block's LSE or D
 // rows) into shared memory, one per thread for `thread` in [0, kRows); rows at or
-// past rows_valid are zero-filled. Zero rows are harmless: their Q and dO
-// rows are zero too, so they add nothing to dK, dV or dQ.
+// past rows_valid are zero-filled. Such rows still get P = exp2(0) = 1 in
+// every unmasked column, but they are harmless because their Q, dO and D are
+// all zero: dS = P ∘ (dP − D) = 0 and Pᵀ·dO adds 0, so they add nothing to
+// dK, dV or dQ. (The zero fill of dO is load-bearing.)
 template <int kRows, class CopyOp>
 CUTE_DEVICE void load_rows_async(CopyOp, const float* src, float* dst, int rows_valid, int thread) {
   if (thread >= 0 && thread < kRows) {

@@ -45,7 +45,10 @@ struct BwdConfig<128, kIsCausal> {
 
 // The deterministic mode's dQ kernel (one CTA per query block, walking the
 // key blocks with K and V double-buffered): 64 × 64 tiles keep its shared
-// memory within sm80's 163 KB.
+// memory within sm80's 163 KB. It runs only the S/dP and dQ products;
+// kAtomNdKV is there because BwdTraits builds all three TiledMMAs. Of the
+// traits' two shared-memory sizes, this kernel uses kSmemDqBytes and the main
+// kernel kSmemBytes.
 template <int kHeadDim>
 struct BwdDqConfig {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
