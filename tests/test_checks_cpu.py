@@ -408,10 +408,33 @@ def test_fake_qkvpacked_shapes():
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("func", ["func", "qkvpacked", "kvpacked"])
-def test_deterministic_reaches_the_backward_op(monkeypatch, func, deterministic):
-    """The public functions' deterministic flag travels through flashtile::fwd's
-    autograd context to flashtile::bwd (fake tensors: the graph runs, no kernel),
-    and the gradients keep the inputs' shapes."""
+def test_public_functions_pass_deterministic_to_the_op(monkeypatch, func, deterministic):
+    """Each public function hands its deterministic flag to flashtile::fwd,
+    whose autograd context carries it to the backward (next test)."""
+    seen = []
+    real_op = flashtile.interface._fwd_op
+
+    def spy(*args):
+        seen.append(args[5])
+        return real_op(*args)
+
+    monkeypatch.setattr(flashtile.interface, "_fwd_op", spy)
+    with FakeTensorMode():
+        q, k, v = make_qkv(2, 9, 9, nheads=4, nheads_k=4, device="cuda")
+        if func == "func":
+            flashtile.flash_attn_func(q, k, v, deterministic=deterministic)
+        elif func == "qkvpacked":
+            flashtile.flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2), deterministic=deterministic)
+        else:
+            flashtile.flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), deterministic=deterministic)
+    assert seen == [deterministic]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_autograd_context_passes_deterministic_to_bwd(monkeypatch, deterministic):
+    """flashtile::fwd's setup_context saves the flag and its backward calls
+    flashtile::bwd with it (the registered functions called directly, on fake
+    tensors: autograd itself needs a GPU here)."""
     seen = []
     real_bwd = _ops.bwd
 
@@ -419,21 +442,23 @@ def test_deterministic_reaches_the_backward_op(monkeypatch, func, deterministic)
         seen.append(args[-1])
         return real_bwd(*args)
 
+    class Ctx:
+        def mark_non_differentiable(self, *tensors):
+            self.non_differentiable = tensors
+
+        def save_for_backward(self, *tensors):
+            self.saved_tensors = tensors
+
     monkeypatch.setattr(_ops, "bwd", spy)
     with FakeTensorMode():
-        q, k, v = make_qkv(2, 9, 11, nheads=4, nheads_k=4, device="cuda")
-        if func == "func":
-            leaves = tuple(t.requires_grad_() for t in (q, k, v))
-            out = flashtile.flash_attn_func(*leaves, causal=True, deterministic=deterministic)
-        elif func == "qkvpacked":
-            leaves = (torch.stack([q, k[:, :9], v[:, :9]], dim=2).requires_grad_(),)
-            out = flashtile.flash_attn_qkvpacked_func(*leaves, deterministic=deterministic)
-        else:
-            leaves = (q.requires_grad_(), torch.stack([k, v], dim=2).requires_grad_())
-            out = flashtile.flash_attn_kvpacked_func(*leaves, deterministic=deterministic)
-        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        q, k, v = make_qkv(2, 9, 11, nheads=4, nheads_k=2, device="cuda")
+        out, lse = torch.ops.flashtile.fwd(q, k, v, 0.5, True, deterministic)
+        ctx = Ctx()
+        _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic), (out, lse))
+        grads = _ops._fwd_backward(ctx, torch.ones_like(out), None)
     assert seen == [deterministic]
-    assert all(g.shape == leaf.shape for g, leaf in zip(grads, leaves))
+    assert len(grads) == 6 and grads[3:] == (None, None, None)
+    assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
 
 
 def test_custom_ops_default_to_the_atomic_backward():
