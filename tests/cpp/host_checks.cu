@@ -290,17 +290,23 @@ void check_bwd_config(const char* config) {
     // (thread, value) of the dQ product gets its own slot in [0, kM·kD), which
     // the main kernel's atomic adds and the convert kernel both rely on.
     constexpr int kValues = decltype(size(partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kD>>{})))::value;
-    std::vector<int> hits(kM * kD, 0);
-    bool in_range = kValues % 4 == 0;
-    for (int t = 0; t < kThreads; ++t) {
-      for (int i = 0; i < kValues; ++i) {
-        const int offset = flashtile::sm80::dq_accum_offset<kThreads>(t, i);
-        in_range &= offset >= 0 && offset < kM * kD;
-        if (offset >= 0 && offset < kM * kD) ++hits[offset];
+    auto bijective = [&](auto offset_of) {
+      std::vector<int> hits(kM * kD, 0);
+      bool ok = true;
+      for (int t = 0; t < kThreads; ++t) {
+        for (int i = 0; i < kValues; ++i) {
+          const int offset = offset_of(t, i);
+          ok &= offset >= 0 && offset < kM * kD;
+          if (offset >= 0 && offset < kM * kD) ++hits[offset];
+        }
       }
-    }
-    bool once = in_range;
-    for (int h : hits) once &= h == 1;
+      for (int h : hits) ok &= h == 1;
+      return ok;
+    };
+    // Both layouts: 4-value vectors (sm90) and scalars (sm80).
+    const bool once = kValues % 4 == 0 &&
+                      bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 4>(t, i); }) &&
+                      bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 1>(t, i); });
     expect(once, config, "dQ accumulator layout is a bijection onto the block");
   }
 

@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(kDotThreads) bwd_dot_do_o_kernel(const __grid_
 // dq = dq_accum · softmax_scale, converted to the input dtype, written with
 // dq's strides. One CTA per (query block, head, batch) of the main kernel's
 // Traits: each thread reads back the values it would hold in the dQ product
-// (bwd_tile.hpp's dq_accum_offset) and writes them at their (row, col).
+// (bwd_tile.hpp's dq_accum_offset, with the same dq_accum_vector) and writes
+// them at their (row, col).
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads)
     bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, const float* dq_accum) {
@@ -82,10 +83,16 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   typename Traits::TiledMmadQ mma_dq;
   Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(ShapeQ{}));  // (MMA, MMA_M, MMA_D) -> (row, col)
   Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});                                    // (MMA, MMA_M, MMA_D)
+  constexpr int kVector = dq_accum_vector();
   CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); i += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(dq_block + dq_accum_offset<Traits::kNThreads>(tid, i));
-    acc_dq(i) = v.x, acc_dq(i + 1) = v.y, acc_dq(i + 2) = v.z, acc_dq(i + 3) = v.w;
+  for (int i = 0; i < size(acc_dq); i += kVector) {
+    const float* src = dq_block + dq_accum_offset<Traits::kNThreads, kVector>(tid, i);
+    if constexpr (kVector == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(src);
+      acc_dq(i) = v.x, acc_dq(i + 1) = v.y, acc_dq(i + 2) = v.z, acc_dq(i + 3) = v.w;
+    } else {
+      acc_dq(i) = *src;
+    }
   }
   store_rows<Element>(acc_dq, tdQcdQ, gdQ, params.seqlen_q - m_block * kBlockM, params.softmax_scale);
 }

@@ -246,11 +246,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // there (their dS is 0), so no row guard is needed.
       float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
                                     m_block * kBlockM) * kHeadDim;
-      static_assert(decltype(size(acc_dq))::value % 4 == 0);
+      constexpr int kVector = dq_accum_vector();
+      static_assert(decltype(size(acc_dq))::value % kVector == 0);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4) {
-        atomic_add_float4(dq_block + dq_accum_offset<Traits::kNThreads>(tid, i), acc_dq(i), acc_dq(i + 1),
-                          acc_dq(i + 2), acc_dq(i + 3));
+      for (int i = 0; i < size(acc_dq); i += kVector) {
+        atomic_add_vector<kVector>(dq_block + dq_accum_offset<Traits::kNThreads, kVector>(tid, i), acc_dq, i);
       }
     }
 

@@ -59,28 +59,40 @@ CUTE_DEVICE void load_rows_async(CopyOp, const float* src, float* dst, int rows_
 }
 
 // The fp32 dQ accumulator keeps each (kBlockM, kHeadDim) query block in the
-// dQ product's register-fragment order: thread t's values 4g..4g+3 sit at
-// g·(4·kNThreads) + 4t. A warp's atomic add then covers 512 contiguous bytes,
-// one 16-byte vector per lane, where the (row, col) order would scatter it
-// over 8 rows. The convert kernel reads it back through the same partition.
-template <int kNThreads>
+// dQ product's register-fragment order, in vectors of kVector values: thread
+// t's values kVector·g .. kVector·g + kVector − 1 sit at
+// g·(kVector·kNThreads) + kVector·t. One atomic add per vector then covers
+// kVector·128 contiguous bytes per warp, where the (row, col) order would
+// scatter it over 8 rows. The convert kernel reads it back through the same
+// partition and the same kVector.
+template <int kNThreads, int kVector>
 CUTE_HOST_DEVICE constexpr int dq_accum_offset(int thread, int value) {
-  return (value / 4) * (4 * kNThreads) + 4 * thread + value % 4;
+  return (value / kVector) * (kVector * kNThreads) + kVector * thread + value % kVector;
 }
 
-// *dst += (a, b, c, d), one vector reduction on sm90 (PTX red.v4.f32), four
-// scalar ones before it. dst must be 16-byte aligned.
-CUTE_DEVICE void atomic_add_float4(float* dst, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c),
-               "f"(d)
-               : "memory");
+// Values per dQ atomic add in device code: 4 on sm90 (one red.v4.f32, 512
+// contiguous bytes per warp), 1 before it (scalar adds, 128 contiguous bytes
+// per warp). The sm90 layout measured on the H200; sm80's has not been timed.
+CUTE_DEVICE constexpr int dq_accum_vector() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 1;
 #else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
-  atomicAdd(dst + 2, c);
-  atomicAdd(dst + 3, d);
+  return 4;
 #endif
+}
+
+// dst[0, kVector) += acc(i .. i + kVector − 1) atomically: one red.v4.f32
+// (sm90 only; dst 16-byte aligned) or one scalar atomicAdd.
+template <int kVector, class Acc>
+CUTE_DEVICE void atomic_add_vector(float* dst, Acc const& acc, int i) {
+  static_assert(kVector == 1 || kVector == 4);
+  if constexpr (kVector == 4) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(acc(i)), "f"(acc(i + 1)),
+                 "f"(acc(i + 2)), "f"(acc(i + 3))
+                 : "memory");
+  } else {
+    atomicAdd(dst, acc(i));
+  }
 }
 
 // Writes the rows below rows_valid of a register accumulator, scaled and
