@@ -7,6 +7,7 @@
 
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
+#include "flashtile/sm80/gmem.hpp"
 #include "flashtile/workspace.hpp"
 
 namespace flashtile::sm80 {
@@ -75,10 +76,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int tid = threadIdx.x;
   const float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
                                       m_block * kBlockM) * kHeadDim;
-  Tensor gdQ = local_tile(make_tensor(make_gmem_ptr(static_cast<Element*>(params.dq) +
-                                                    batch * params.dq_batch_stride + head * params.dq_head_stride),
-                                      make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                      make_stride(params.dq_row_stride, _1{})),
+  Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq), params.dq_batch_stride,
+                                              params.dq_row_stride, params.dq_head_stride, batch, head, params.seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
   typename Traits::TiledMmadQ mma_dq;
   Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(ShapeQ{}));  // (MMA, MMA_M, MMA_D) -> (row, col)

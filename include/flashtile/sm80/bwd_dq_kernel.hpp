@@ -23,6 +23,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/copy.hpp"
+#include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {
@@ -57,29 +58,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const float scale_log2 = params.softmax_scale * float(M_LOG2E);
   const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};
 
-  Tensor gQ = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.q) +
-                                                   batch * params.q_batch_stride + head * params.q_head_stride),
-                                     make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                     make_stride(params.q_row_stride, _1{})),
+  Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q), params.q_batch_stride,
+                                             params.q_row_stride, params.q_head_stride, batch, head, params.seqlen_q),
                          ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-  Tensor gdO = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.dout) +
-                                                    batch * params.dout_batch_stride + head * params.dout_head_stride),
-                                      make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                      make_stride(params.dout_row_stride, _1{})),
+  Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout), params.dout_batch_stride,
+                                              params.dout_row_stride, params.dout_head_stride, batch, head, params.seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-  Tensor gdQ = local_tile(make_tensor(make_gmem_ptr(static_cast<Element*>(params.dq) +
-                                                    batch * params.dq_batch_stride + head * params.dq_head_stride),
-                                      make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                      make_stride(params.dq_row_stride, _1{})),
+  Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq), params.dq_batch_stride,
+                                              params.dq_row_stride, params.dq_head_stride, batch, head, params.seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.k) +
-                                        batch * params.k_batch_stride + head_k * params.k_head_stride),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(params.k_row_stride, _1{}));  // (seqlen_k, kHeadDim)
-  Tensor mV = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.v) +
-                                        batch * params.v_batch_stride + head_k * params.v_head_stride),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(params.v_row_stride, _1{}));  // (seqlen_k, kHeadDim)
+  // K and V of this (batch, K/V head), each (seqlen_k, kHeadDim).
+  Tensor mK = head_rows<kHeadDim>(static_cast<const Element*>(params.k), params.k_batch_stride,
+                                  params.k_row_stride, params.k_head_stride, batch, head_k, params.seqlen_k);
+  Tensor mV = head_rows<kHeadDim>(static_cast<const Element*>(params.v), params.v_batch_stride,
+                                  params.v_row_stride, params.v_head_stride, batch, head_k, params.seqlen_k);
 
   // Shared memory: Q | dO | K[2] | V[2] | dS | LSE | D. sK and sV are buffer
   // 0's; buffer 1 sits one tile further.

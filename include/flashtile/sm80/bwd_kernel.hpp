@@ -28,6 +28,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/workspace.hpp"
 #include "flashtile/sm80/copy.hpp"
+#include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
@@ -64,25 +65,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};
 
   // This CTA's K and V tiles and its dK, dV outputs.
-  Tensor gK = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.k) +
-                                                   batch * params.k_batch_stride + head_k * params.k_head_stride),
-                                     make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                                     make_stride(params.k_row_stride, _1{})),
+  Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k), params.k_batch_stride,
+                                             params.k_row_stride, params.k_head_stride, batch, head_k, params.seqlen_k),
                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gV = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.v) +
-                                                   batch * params.v_batch_stride + head_k * params.v_head_stride),
-                                     make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                                     make_stride(params.v_row_stride, _1{})),
+  Tensor gV = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.v), params.v_batch_stride,
+                                             params.v_row_stride, params.v_head_stride, batch, head_k, params.seqlen_k),
                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdK = local_tile(make_tensor(make_gmem_ptr(static_cast<Element*>(params.dk) +
-                                                    batch * params.dk_batch_stride + head_k * params.dk_head_stride),
-                                      make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                                      make_stride(params.dk_row_stride, _1{})),
+  Tensor gdK = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dk), params.dk_batch_stride,
+                                              params.dk_row_stride, params.dk_head_stride, batch, head_k, params.seqlen_k),
                           ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdV = local_tile(make_tensor(make_gmem_ptr(static_cast<Element*>(params.dv) +
-                                                    batch * params.dv_batch_stride + head_k * params.dv_head_stride),
-                                      make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                                      make_stride(params.dv_row_stride, _1{})),
+  Tensor gdV = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dv), params.dv_batch_stride,
+                                              params.dv_row_stride, params.dv_head_stride, batch, head_k, params.seqlen_k),
                           ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
 
   // Shared memory: Q[2] | dO[2] | K | V | P | dS | LSE[2] | D[2]. The tensors
@@ -135,15 +128,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int head = head_of(it);
     const int m_block = m_block_of(it);
     const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
-    Tensor gQ = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.q) +
-                                                     batch * params.q_batch_stride + head * params.q_head_stride),
-                                       make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                       make_stride(params.q_row_stride, _1{})),
+    Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q), params.q_batch_stride,
+                                               params.q_row_stride, params.q_head_stride, batch, head, params.seqlen_q),
                            ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-    Tensor gdO = local_tile(make_tensor(make_gmem_ptr(static_cast<const Element*>(params.dout) +
-                                                      batch * params.dout_batch_stride + head * params.dout_head_stride),
-                                        make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                                        make_stride(params.dout_row_stride, _1{})),
+    Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout), params.dout_batch_stride,
+                                                params.dout_row_stride, params.dout_head_stride, batch, head, params.seqlen_q),
                             ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
     copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
     copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, buf), tQcQ, q_rows_valid);

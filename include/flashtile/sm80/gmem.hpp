@@ -1,0 +1,25 @@
+// Global-memory views shared by the SM80 backward kernels: the rows of one
+// (batch, head) of a (batch, seqlen, heads, head_dim) tensor, whose batch, row
+// and head strides are arbitrary (in elements) and whose last dim is
+// contiguous. (The backward's SASS is identical with and without this helper.
+// The forward keeps its own inline views: routed through it, its SASS was
+// scheduled differently, and that version has not been timed.)
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace flashtile::sm80 {
+
+using namespace cute;
+
+// (rows, kHeadDim) view of head `head` of batch `batch`.
+template <int kHeadDim, class Element>
+CUTE_DEVICE auto head_rows(Element* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                           int batch, int head, int rows) {
+  return make_tensor(make_gmem_ptr(base + batch * batch_stride + head * head_stride),
+                     make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
+}
+
+}  // namespace flashtile::sm80
