@@ -70,10 +70,8 @@ inline Status can_implement_bwd(const BwdParams& p) {
     return Status::kInvalidArgument;
   }
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
-  // Grids: the main and dQ kernels' are 1-D (blocks × heads × batch within
-  // 2^31 − 1, counting blocks of 64 rows, the smallest tile); the convert
-  // kernel's is (query blocks, nheads, batch).
-  if (p.nheads > 65535 || p.batch > 65535) return Status::kInvalidArgument;
+  // Grids: every backward kernel's is 1-D, blocks × heads × batch within
+  // 2^31 − 1 (counting blocks of 64 rows, the smallest tile).
   const int64_t max_rows = std::max(p.seqlen_q, p.seqlen_k);
   const int64_t max_blocks = (max_rows + 63) / 64 * p.nheads * p.batch;
   if (max_blocks > 2147483647) return Status::kInvalidArgument;

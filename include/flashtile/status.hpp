@@ -10,7 +10,8 @@ enum class Status : int {
   kMisalignedPointer,   // a base pointer or stride breaks the 16-byte vector access
   kUnsupportedHeadDim,  // no tile configuration exists for this head dim
   kNotBuilt,            // supported, but this build did not instantiate the kernel
-  kCudaError,           // a CUDA runtime call failed; see cudaGetLastError()
+  kCudaError,           // a CUDA runtime call failed; cudaGetLastError() says why
+  kUnsupportedDevice,   // the current GPU offers less shared memory per block than the kernel needs
 };
 
 inline const char* status_string(Status s) {
@@ -23,6 +24,8 @@ inline const char* status_string(Status s) {
     case Status::kUnsupportedHeadDim: return "unsupported head dim";
     case Status::kNotBuilt: return "kernel not built in this flashtile build";
     case Status::kCudaError: return "CUDA error";
+    case Status::kUnsupportedDevice:
+      return "the current GPU offers less shared memory per block than this kernel needs";
   }
   return "unknown status";
 }

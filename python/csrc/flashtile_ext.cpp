@@ -65,6 +65,10 @@ void raise_for_status(flashtile::Status status, const char* direction, int head_
   if (status == flashtile::Status::kCudaError) {
     throw std::runtime_error(what + "CUDA error: " + cudaGetErrorString(cudaGetLastError()));
   }
+  if (status == flashtile::Status::kUnsupportedDevice) {  // RuntimeError, like the capability check
+    throw std::runtime_error(what + flashtile::status_string(status) + " (head_dim=" + std::to_string(head_dim) +
+                             "; the backward needs the 163 KB of sm80 or the 227 KB of sm90)");
+  }
   if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
     throw std::runtime_error(what + "the kernel for head_dim=" + std::to_string(head_dim) +
                              ", dtype=" + flashtile::dtype_name(dtype) +

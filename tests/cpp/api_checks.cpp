@@ -108,6 +108,9 @@ int main() {
     Bwd at_bound = valid_bwd();  // 1 block of 64 rows × 65535 heads × 32768 = 2^31 − 32768
     at_bound.nheads = at_bound.nheads_k = 65535, at_bound.batch = 32768;
     expect(flashtile::can_implement_bwd(at_bound) == Status::kSuccess, "bwd: 1-D grid at its bound passes");
+    Bwd wide = valid_bwd();  // no y or z grid dimension caps batch or heads
+    wide.batch = 65536;
+    expect(flashtile::can_implement_bwd(wide) == Status::kSuccess, "bwd: batch past 65535 passes");
   }
   expect_refused<Bwd>("bwd: head_dim 256", Status::kUnsupportedHeadDim, bwd_check,
                       [](Bwd& p) { p.head_dim = 256; }, valid_bwd());
@@ -145,7 +148,7 @@ int main() {
          "deterministic: no dQ accumulator, row sums only");
 
   for (Status s : {Status::kSuccess, Status::kInvalidArgument, Status::kMisalignedPointer,
-                   Status::kUnsupportedHeadDim, Status::kNotBuilt, Status::kCudaError}) {
+                   Status::kUnsupportedHeadDim, Status::kNotBuilt, Status::kCudaError, Status::kUnsupportedDevice}) {
     expect(flashtile::status_string(s) != nullptr && flashtile::status_string(s)[0] != '\0',
            "every Status has text");
   }

@@ -6,6 +6,7 @@
 // over a plain array, so every address a thread would touch is computed.
 #include <cute/tensor.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/common/mask.hpp"
+#include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
@@ -247,6 +250,13 @@ void check_bwd_config(const char* config) {
          config, "cp.async into sQ/sdO is conflict-free");
   expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return gmem_copy.get_slice(t).partition_D(sK); }),
          config, "cp.async into sK/sV is conflict-free");
+  typename Traits::GmemTiledCopyStore store_copy;
+  expect(covers_exactly_once(kThreads, kM, kD, [&](int t) {
+           return store_copy.get_slice(t).partition_D(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+         }),
+         config, "dQ store copy covers the tile once");
+  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return store_copy.get_slice(t).partition_S(sQ); }),
+         config, "reading staged dQ for the store is conflict-free");
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
@@ -313,6 +323,74 @@ void check_bwd_config(const char* config) {
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
   expect(word_stores_conflict_free(pds_buf.data(), [&](int t) { return copy_pds.get_slice(t).partition_D(sP); }),
          config, "storing P/dS to shared memory is conflict-free");
+  // store_tile_staged: dK and dV staged in sK/sV, dQ in a Q-shaped tile.
+  auto stage_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_dkv);
+  expect(word_stores_conflict_free(kv_buf.data(), [&](int t) { return stage_dkv.get_slice(t).partition_D(sK); }),
+         config, "staging dK/dV in shared memory is conflict-free");
+  auto stage_dq = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_dq);
+  expect(word_stores_conflict_free(q_buf.data(), [&](int t) { return stage_dq.get_slice(t).partition_D(sQ); }),
+         config, "staging dQ in shared memory is conflict-free");
+}
+
+// BlockMask: tiles that skip the mask hide nothing, and the backward's
+// masked query blocks of each key block are the prefix m_block_mask_end
+// reports (bwd_kernel.hpp walks them in a loop of their own).
+template <bool kIsCausal, int kM, int kN>
+void check_block_mask(const char* config) {
+  bool skips_only_visible = true, prefix_matches = true;
+  for (int seqlen_q : {1, 63, 64, 65, 130, 257, 700}) {
+    for (int seqlen_k : {1, 63, 64, 65, 130, 257, 700}) {
+      const flashtile::BlockMask<kIsCausal, kM, kN> mask{seqlen_q, seqlen_k};
+      const int m_blocks = (seqlen_q + kM - 1) / kM, n_blocks = (seqlen_k + kN - 1) / kN;
+      auto hidden = [&](int row, int col) {
+        return col >= seqlen_k || (kIsCausal && col > row + seqlen_k - seqlen_q);
+      };
+      for (int m = 0; m < m_blocks; ++m) {
+        for (int n = 0; n < n_blocks; ++n) {
+          if (mask.needs_mask(m, n)) continue;
+          for (int r = m * kM; r < (m + 1) * kM; ++r) {
+            for (int c = n * kN; c < (n + 1) * kN; ++c) skips_only_visible &= !hidden(r, c);
+          }
+        }
+      }
+      for (int n = 0; n < n_blocks; ++n) {
+        int m_begin = 0;  // as bwd_kernel.hpp: the first query block that sees key block n
+        if (kIsCausal) {
+          const int first_row = n * kN - (seqlen_k - seqlen_q);
+          m_begin = first_row > 0 ? std::min(first_row / kM, m_blocks) : 0;
+        }
+        int prefix_end = m_begin;
+        while (prefix_end < m_blocks && mask.needs_mask(prefix_end, n)) ++prefix_end;
+        for (int m = prefix_end; m < m_blocks; ++m) prefix_matches &= !mask.needs_mask(m, n);
+        prefix_matches &= mask.m_block_mask_end(n, m_begin, m_blocks) == prefix_end;
+      }
+    }
+  }
+  expect(skips_only_visible, config, "tiles without the mask hide no (row, col)");
+  expect(prefix_matches, config, "masked query blocks of a key block are the prefix m_block_mask_end gives");
+}
+
+// bwd_tile_coord: every (block order, head) of a 1-D grid is owned by exactly
+// one CTA, whatever the band size, including a partial last band.
+void check_tile_schedule() {
+  bool bijective = true;
+  for (int blocks_per_head : {1, 3, 8, 33}) {
+    for (int heads : {1, 5, 16, 37}) {
+      for (int64_t head_bytes : {int64_t(1), int64_t(3) << 20, int64_t(7) << 20, int64_t(1) << 40}) {
+        std::vector<int> hits(blocks_per_head * heads, 0);
+        for (int block = 0; block < blocks_per_head * heads; ++block) {
+          const auto c = flashtile::sm80::bwd_tile_coord(block, blocks_per_head, heads, head_bytes);
+          if (c.block_order < 0 || c.block_order >= blocks_per_head || c.head < 0 || c.head >= heads) {
+            bijective = false;
+          } else {
+            ++hits[c.head * blocks_per_head + c.block_order];
+          }
+        }
+        for (int h : hits) bijective &= h == 1;
+      }
+    }
+  }
+  expect(bijective, "bwd schedule", "each (block, head) is owned by exactly one CTA");
 }
 
 }  // namespace
@@ -331,6 +409,13 @@ int main() {
   using flashtile::sm80::BwdDqConfig;
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdDqConfig<64>>, true>("bwd dq-kernel d64");
   check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdDqConfig<128>>, true>("bwd dq-kernel d128");
+  check_tile_schedule();
+  check_block_mask<false, 128, 128>("mask 128x128");
+  check_block_mask<true, 128, 128>("mask causal 128x128");
+  check_block_mask<false, 64, 128>("mask 64x128");
+  check_block_mask<true, 64, 128>("mask causal 64x128");
+  check_block_mask<true, 128, 64>("mask causal 128x64 (forward)");
+  check_block_mask<true, 64, 64>("mask causal 64x64 (dQ kernel)");
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -49,6 +49,22 @@ struct BlockMask {
     return straddles;
   }
 
+  // The backward's view, from a key block: of the query blocks
+  // [m_begin, m_end) that visit key block n_block, those whose tile needs the
+  // mask form a prefix (the diagonal comes first; straddling seqlen_k is every
+  // block). Returns that prefix's end.
+  CUTE_HOST_DEVICE int m_block_mask_end(int n_block, int m_begin, int m_end) const {
+    if ((n_block + 1) * kBlockN > seqlen_k) return m_end;
+    if constexpr (!kIsCausal) {
+      return m_begin;
+    } else {
+      // needs_mask(m) iff m · kBlockM < last_col − (seqlen_k − seqlen_q).
+      const int limit = (n_block + 1) * kBlockN - 1 - (seqlen_k - seqlen_q);
+      const int first_unmasked = limit > 0 ? ceil_div(limit, kBlockM) : 0;
+      return max(m_begin, min(first_unmasked, m_end));
+    }
+  }
+
   // acc_s: this thread's S fragment; coords: the same partition of an
   // identity tensor, giving each element's (row, col) inside the tile.
   template <class Acc, class Coords>

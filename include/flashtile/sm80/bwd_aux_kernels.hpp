@@ -24,9 +24,13 @@ constexpr int kDotRowsPerCta = kDotThreads / (kHeadDim * int(sizeof(Element)) / 
 // dS = P ∘ (dP − D). kVectors threads share a (batch, row, head) row, one
 // 16-byte vector of out and dout each, so a warp reads whole contiguous rows;
 // a shuffle reduction sums them. Launch with kDotThreads threads per CTA and
-// kDotRowsPerCta rows per CTA.
+// kDotRowsPerCta rows per CTA. The same threads also zero the dQ
+// accumulator's zero_vectors 16-byte vectors (none in deterministic mode),
+// so its writes overlap these reads instead of costing a memset of its own.
 template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(kDotThreads) bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum) {
+__global__ void __launch_bounds__(kDotThreads)
+    bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum, float4* dq_accum,
+                        int64_t zero_vectors) {
   constexpr int kElemsPerVector = 16 / sizeof(Element);
   constexpr int kVectors = kHeadDim / kElemsPerVector;  // threads per row
   static_assert(kVectors <= 32 && 32 % kVectors == 0);
@@ -34,6 +38,10 @@ __global__ void __launch_bounds__(kDotThreads) bwd_dot_do_o_kernel(const __grid_
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
   const int64_t idx = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kVectors;
   const int col = (threadIdx.x % kVectors) * kElemsPerVector;
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < zero_vectors; i += threads) {
+    dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   float sum = 0.f;
   if (idx < rows) {
     const int head = int(idx % params.nheads);
@@ -60,9 +68,10 @@ __global__ void __launch_bounds__(kDotThreads) bwd_dot_do_o_kernel(const __grid_
 
 // dq = dq_accum · softmax_scale, converted to the input dtype, written with
 // dq's strides. One CTA per (query block, head, batch) of the main kernel's
-// Traits: each thread reads back the values it would hold in the dQ product
-// (bwd_tile.hpp's dq_accum_offset, with the same dq_accum_vector) and writes
-// them at their (row, col).
+// Traits, a 1-D grid with the block index fastest. Each thread reads back the
+// values it would hold in the dQ product (bwd_tile.hpp's dq_accum_offset,
+// with the same dq_accum_vector); store_tile_staged writes them as 16-byte
+// row segments.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads)
     bwd_convert_dq_kernel(const __grid_constant__ BwdParams params, const float* dq_accum) {
@@ -70,18 +79,22 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   using ShapeQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const int m_blocks = ceil_div(params.seqlen_q, kBlockM);
+  const int m_block = int(blockIdx.x) % m_blocks;
+  const int head = int(blockIdx.x) / m_blocks % params.nheads;
+  const int batch = int(blockIdx.x) / m_blocks / params.nheads;
   const int tid = threadIdx.x;
+  const int rows_valid = params.seqlen_q - m_block * kBlockM;
   const float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
                                       m_block * kBlockM) * kHeadDim;
   Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq), params.dq_batch_stride,
                                               params.dq_row_stride, params.dq_head_stride, batch, head, params.seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
+  __shared__ __align__(128) Element smem_dq[kBlockM * kHeadDim];
+  Tensor sdQ = make_tensor(make_smem_ptr(smem_dq), typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+
   typename Traits::TiledMmadQ mma_dq;
-  Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(ShapeQ{}));  // (MMA, MMA_M, MMA_D) -> (row, col)
-  Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});                                    // (MMA, MMA_M, MMA_D)
+  Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
   constexpr int kVector = dq_accum_vector();
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dq); i += kVector) {
@@ -93,7 +106,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       acc_dq(i) = *src;
     }
   }
-  store_rows<Element>(acc_dq, tdQcdQ, gdQ, params.seqlen_q - m_block * kBlockM, params.softmax_scale);
+  store_tile_staged<Traits>(mma_dq, acc_dq, sdQ, gdQ, rows_valid, params.softmax_scale, tid);
 }
 
 }  // namespace flashtile::sm80

@@ -21,6 +21,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/gmem.hpp"
@@ -44,14 +45,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ __align__(128) char smem[];
 
-  // A 1-D grid with the query block slowest; causal: the last query blocks
-  // see the most keys, so they start first, across every head and batch.
-  const int heads_batches = params.nheads * params.batch;
+  // The 1-D grid in bands of heads (bwd_schedule.hpp). A CTA streams its
+  // head's K and V. Causal: the last query blocks see the most keys, so they
+  // are each head's block order 0.
   const int m_blocks = ceil_div(params.seqlen_q, kBlockM);
-  const int block_order = int(blockIdx.x) / heads_batches;
-  const int m_block = kIsCausal ? m_blocks - 1 - block_order : block_order;
-  const int head = int(blockIdx.x) % heads_batches % params.nheads;
-  const int batch = int(blockIdx.x) % heads_batches / params.nheads;
+  const BwdTileCoord tile = bwd_tile_coord(int(blockIdx.x), m_blocks, params.nheads * params.batch,
+                                           int64_t(params.seqlen_k) * kHeadDim * (2 + 2));
+  const int m_block = kIsCausal ? m_blocks - 1 - tile.block_order : tile.block_order;
+  const int head = tile.head % params.nheads;
+  const int batch = tile.head / params.nheads;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
   const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
@@ -142,7 +144,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tdSsdS = thr_copy_dS.partition_D(sdS);  // (CPY, CPY_M, CPY_N)
 
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeS{}));   // (MMA, MMA_M, MMA_N) -> (row, col)
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(ShapeQ{}));  // (MMA, MMA_M, MMA_D) -> (row, col)
 
   Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
   clear(acc_dq);
@@ -171,7 +172,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
 
   cp_async_wait<0>();  // with no key block to visit, the Q block's loads are still in flight
-  store_rows<Element>(acc_dq, tdQcdQ, gdQ, q_rows_valid, params.softmax_scale);
+  __syncthreads();      // every warp is past the last product that reads sQ, the stage
+  store_tile_staged<Traits>(mma_dq, acc_dq, sQ, gdQ, q_rows_valid, params.softmax_scale, tid);
 }
 
 }  // namespace flashtile::sm80

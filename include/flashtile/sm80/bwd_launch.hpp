@@ -1,13 +1,13 @@
-// Host launcher for the SM80 backward of one (head dim, dtype): rowsum(dO ∘ O),
-// then either
-//   - zero the fp32 dQ accumulator, the main kernel with dQ atomics, and dQ's
-//     conversion (the default), or
+// Host launcher for the SM80 backward of one (head dim, dtype): rowsum(dO ∘ O)
+// (which also zeroes the fp32 dQ accumulator), then either
+//   - the main kernel with dQ atomics, and dQ's conversion (the default), or
 //   - the main kernel for dK and dV only, and the dQ kernel, which sums dQ in
 //     a fixed order (params.deterministic).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "flashtile/params.hpp"
@@ -30,12 +30,13 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
     if (err != cudaSuccess) return err;
   }
   kernel<<<grid, threads, kSmemBytes, stream>>>(args...);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // left set, so the caller can read the cause
 }
 
 // The backward with explicit tile traits: Traits for the main kernel,
 // DqTraits for the deterministic mode's dQ kernel. kIsCausal must match
-// params.causal.
+// params.causal. Returns kUnsupportedDevice, before any launch, when the
+// current GPU's shared memory per block is too small for the kernels.
 template <class Traits, class DqTraits, bool kIsCausal>
 Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
   using Element = typename Traits::Element;
@@ -44,13 +45,24 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
   // can_implement_bwd bounds the 1-D grids counting blocks of 64 rows.
   static_assert(Traits::kBlockN % 64 == 0 && DqTraits::kBlockM % 64 == 0);
   if (params.causal != kIsCausal) return Status::kInvalidArgument;
+  // sm86, sm89 and sm120 offer 99 KB per block; checked here so such a GPU
+  // gets a named Status instead of a failed launch.
+  int device = 0, smem_per_block = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    return Status::kCudaError;
+  }
+  const int smem_needed = params.deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
+                                               : Traits::kSmemBytes;
+  if (smem_per_block < smem_needed) return Status::kUnsupportedDevice;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   const float* dsum = ws.dsum;
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
   constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
-  bwd_dot_do_o_kernel<Element, kHeadDim>
-      <<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(params, ws.dsum);
-  if (cudaGetLastError() != cudaSuccess) return Status::kCudaError;
+  // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode).
+  bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
+      params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(ws.dq_accum_bytes / sizeof(float4)));
+  if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
 
   // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
   // keeps them within 2^31 − 1 blocks.
@@ -67,16 +79,13 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
 
-  if (cudaMemsetAsync(ws.dq_accum, 0, ws.dq_accum_bytes, stream) != cudaSuccess) {
-    return Status::kCudaError;
-  }
   if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, true>, dkdv_grid, Traits::kNThreads,
                                            stream, params, ws.dq_accum, dsum) != cudaSuccess) {
     return Status::kCudaError;
   }
-  const dim3 convert_grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.nheads, params.batch);
+  const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
   bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, 0, stream>>>(params, ws.dq_accum);
-  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes

@@ -3,12 +3,13 @@
 // convert kernel of bwd_aux_kernels.hpp): the recomputation of P and dS for
 // one (kBlockM, kBlockN) tile, the asynchronous load of a block's LSE and D
 // rows, the dQ accumulator's layout and its vector atomic add, and the
-// guarded store of an accumulator.
+// staged store of an accumulator tile.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/sm80/copy.hpp"
 
 namespace flashtile::sm80 {
 
@@ -95,23 +96,30 @@ CUTE_DEVICE void atomic_add_vector(float* dst, Acc const& acc, int i) {
   }
 }
 
-// Writes the rows below rows_valid of a register accumulator, scaled and
-// converted, to global memory. coords: the same partition of an identity
-// tensor; out: the (rows, kHeadDim) global tile.
-template <class Element, class Acc, class Coords, class Out>
-CUTE_DEVICE void store_rows(Acc const& acc, Coords const& coords, Out&& out, int rows_valid,
-                            float scale) {
+// Writes a (rows, kHeadDim) fp32 register accumulator, times `scale` and
+// converted to Element, to the rows below rows_valid of the global tile
+// `out`. It is staged in `stage`, a shared-memory tile of the same shape and
+// the Traits' swizzled layout, so each thread stores 16-byte row segments:
+// straight from the fragment, a warp's 4-byte stores would scatter over 8
+// rows. `stage` must be free on entry (the caller's barrier) and is still
+// being read on return. `acc` is scaled in place.
+template <class Traits, class TiledMma, class Acc, class Stage, class Out>
+CUTE_DEVICE void store_tile_staged(TiledMma const& tiled_mma, Acc& acc, Stage&& stage, Out&& out,
+                                   int rows_valid, float scale, int tid) {
+  using Element = typename Traits::Element;
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    // Accumulator values come in column pairs: one 32-bit store each.
-    const int row = get<0>(coords(i));
-    if (row < rows_valid) {
-      cutlass::Array<Element, 2> pair;
-      pair[0] = Element(acc(i) * scale);
-      pair[1] = Element(acc(i + 1) * scale);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(&out(row, get<1>(coords(i)))) = pair;
-    }
-  }
+  for (int i = 0; i < size(acc); ++i) acc(i) *= scale;
+  auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, tiled_mma);
+  auto smem_thr_copy = smem_copy.get_thread_slice(tid);
+  copy(smem_copy, smem_thr_copy.retile_S(convert_fragment<Element>(acc)), smem_thr_copy.partition_D(stage));
+  __syncthreads();
+  typename Traits::GmemTiledCopyStore gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tSs = gmem_thr_copy.partition_S(stage);                                  // (CPY, CPY_M, CPY_K)
+  Tensor tSr = make_fragment_like(tSs);                                           // (CPY, CPY_M, CPY_K)
+  Tensor tSc = gmem_thr_copy.partition_S(make_identity_tensor(make_shape(size<0>(stage), size<1>(stage))));  // (CPY, CPY_M, CPY_K) -> (row, col)
+  copy(gmem_copy, tSs, tSr);
+  copy_rows(gmem_copy, tSr, gmem_thr_copy.partition_D(out), tSc, rows_valid);
 }
 
 }  // namespace flashtile::sm80

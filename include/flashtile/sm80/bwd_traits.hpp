@@ -22,20 +22,16 @@ using namespace cute;
 
 // Block shapes for the main (dK, dV) kernel per head dim and mask: query
 // rows × keys, 8 warps, warps laid out (M × N) as kAtomM* × (8 / kAtomM*) for
-// each product. Chosen on the H200 (benchmarks/NOTES.md, "Backward v2"):
-// d64 non-causal 128 × 128 is 15 % faster than 64 × 128 at 4k–16k; causal,
-// whose diagonal blocks waste half a 128-row block, is 3 % slower with it.
+// each product. Chosen on the H200 (benchmarks/NOTES.md, "Backward v2" and
+// "Backward v3"): d64 at 128 × 128 is 15 % faster than 64 × 128 non-causal
+// and 6–10 % causal (1k–16k); its S/dP warps laid out 4 × 2 beat 2 × 4 by
+// 0–1 % non-causal and 12–18 % causal (where 2 × 4 spills 20–24 bytes).
 template <int kHeadDim, bool kIsCausal>
 struct BwdConfig;
-template <>
-struct BwdConfig<64, false> {
+template <bool kIsCausal>
+struct BwdConfig<64, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 4, kAtomNdKV = 4, kAtomMdQ = 4;
-};
-template <>
-struct BwdConfig<64, true> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
-  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
 };
 template <bool kIsCausal>
 struct BwdConfig<128, kIsCausal> {
@@ -111,6 +107,13 @@ struct BwdTraits {
   static constexpr int kThreadsPerRow = 64 / kElemsPerVector;
   using GmemTiledCopy = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{},
+      Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
+             Stride<Int<kThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, Int<kElemsPerVector>>>{}));
+
+  // Shared -> global, 16 bytes per thread (the convert kernel's dQ rows).
+  using GmemTiledCopyStore = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<uint128_t>, Element>{},
       Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
              Stride<Int<kThreadsPerRow>, _1>>{},
       Layout<Shape<_1, Int<kElemsPerVector>>>{}));

@@ -24,7 +24,7 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   }
   const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.nheads, params.batch);
   kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
-  return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
