@@ -39,6 +39,39 @@ inline bool vector_aligned(const void* ptr, std::initializer_list<int64_t> strid
   return true;
 }
 
+// Strides are element counts and never negative.
+inline bool strides_non_negative(std::initializer_list<int64_t> strides) {
+  for (int64_t s : strides) {
+    if (s < 0) return false;
+  }
+  return true;
+}
+
+// An output (batch, rows, heads, head_dim) with a contiguous last dim whose
+// elements are all distinct: sorted by stride, each dim of more than one
+// element steps past everything the smaller ones span. Two CTAs writing the
+// same address would race.
+inline bool non_overlapping(int64_t batch, int64_t rows, int64_t heads, int64_t head_dim,
+                            int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+  struct Dim { int64_t size, stride; };
+  Dim dims[3] = {{batch, batch_stride}, {rows, row_stride}, {heads, head_stride}};
+  std::sort(dims, dims + 3, [](Dim a, Dim b) { return a.stride < b.stride; });
+  int64_t span = head_dim;  // elements covered by the dims sorted so far
+  for (const Dim& d : dims) {
+    if (d.size <= 1) continue;
+    if (d.stride < span) return false;
+    span = d.stride * d.size;
+  }
+  return true;
+}
+
+// Every kernel's grid is 1-D: blocks of rows × heads × batch, counted here
+// with 64-row blocks (the smallest tile), within CUDA's gridDim.x limit.
+constexpr int64_t kMaxGridBlocks = 2147483647;
+inline int64_t grid_blocks(int64_t rows, int64_t heads, int64_t batch) {
+  return (rows + 63) / 64 * heads * batch;
+}
+
 // Checks everything the kernels assume about params, without touching the GPU.
 inline Status can_implement_fwd(const FwdParams& p) {
   if (!p.q || !p.k || !p.v || !p.out || !p.lse) return Status::kInvalidArgument;
@@ -46,10 +79,18 @@ inline Status can_implement_fwd(const FwdParams& p) {
     return Status::kInvalidArgument;
   }
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
-  // Grid: (query blocks, nheads, batch); y and z are limited to 65535.
-  if (p.nheads > 65535 || p.batch > 65535) return Status::kInvalidArgument;
+  // Grid: 1-D, query blocks × heads × batch within 2^31 − 1 (counting blocks
+  // of 64 rows, the smallest tile).
+  if (grid_blocks(p.seqlen_q, p.nheads, p.batch) > kMaxGridBlocks) return Status::kInvalidArgument;
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
+  if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
+                             p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                             p.out_batch_stride, p.out_row_stride, p.out_head_stride}) ||
+      !non_overlapping(p.batch, p.seqlen_q, p.nheads, p.head_dim, p.out_batch_stride, p.out_row_stride,
+                       p.out_head_stride)) {
+    return Status::kInvalidArgument;
+  }
   // cp.async and the epilogue move 16-byte vectors: 8 two-byte elements.
   const bool aligned =
       vector_aligned(p.q, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}) &&
@@ -72,11 +113,25 @@ inline Status can_implement_bwd(const BwdParams& p) {
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
   // Grids: every backward kernel's is 1-D, blocks × heads × batch within
   // 2^31 − 1 (counting blocks of 64 rows, the smallest tile).
-  const int64_t max_rows = std::max(p.seqlen_q, p.seqlen_k);
-  const int64_t max_blocks = (max_rows + 63) / 64 * p.nheads * p.batch;
-  if (max_blocks > 2147483647) return Status::kInvalidArgument;
+  if (grid_blocks(std::max(p.seqlen_q, p.seqlen_k), p.nheads, p.batch) > kMaxGridBlocks) {
+    return Status::kInvalidArgument;
+  }
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
+  if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
+                             p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                             p.out_batch_stride, p.out_row_stride, p.out_head_stride, p.dout_batch_stride,
+                             p.dout_row_stride, p.dout_head_stride, p.dq_batch_stride, p.dq_row_stride,
+                             p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
+                             p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride}) ||
+      !non_overlapping(p.batch, p.seqlen_q, p.nheads, p.head_dim, p.dq_batch_stride, p.dq_row_stride,
+                       p.dq_head_stride) ||
+      !non_overlapping(p.batch, p.seqlen_k, p.nheads_k, p.head_dim, p.dk_batch_stride, p.dk_row_stride,
+                       p.dk_head_stride) ||
+      !non_overlapping(p.batch, p.seqlen_k, p.nheads_k, p.head_dim, p.dv_batch_stride, p.dv_row_stride,
+                       p.dv_head_stride)) {
+    return Status::kInvalidArgument;
+  }
   const bool aligned =
       vector_aligned(p.q, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}) &&
       vector_aligned(p.k, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}) &&

@@ -71,7 +71,9 @@ __all__ = [
 ]
 
 
-_MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+# The kernels' grids are 1-D: blocks of 64 rows (the smallest tile) × heads ×
+# batch, within CUDA's gridDim.x limit (flashtile.hpp's grid_blocks).
+_MAX_GRID_BLOCKS = 2**31 - 1
 
 
 class KernelNotBuiltError(RuntimeError):
@@ -318,7 +320,7 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
         if t.dtype != q.dtype:
             raise ValueError(f"{name} must have the same dtype as {nq} ({q.dtype}), got {t.dtype}")
 
-    batch, _seqlen_q, nheads, head_dim = q.shape
+    batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, _ = k.shape
     for t, name in ((k, nk), (v, nv)):
         if t.shape[0] != batch:
@@ -345,13 +347,11 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
             f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
         )
 
-    # The kernels' grids put heads on y and batch on z, each at most 65535.
-    if batch > _MAX_GRID_YZ:
-        raise ValueError(f"{nq}: batch size {batch} is above the supported {_MAX_GRID_YZ}, "
-                         f"got shape {_fmt_shape(q)}")
-    if nheads > _MAX_GRID_YZ:
-        raise ValueError(f"{nq}: nheads {nheads} is above the supported {_MAX_GRID_YZ}, "
-                         f"got shape {_fmt_shape(q)}")
+    blocks = -(-max(seqlen_q, seqlen_k) // 64) * nheads * batch
+    if blocks > _MAX_GRID_BLOCKS:
+        raise ValueError(
+            f"{nq}, {nk}: batch × nheads × ceil(max(seqlen_q, seqlen_k) / 64) = {blocks} is above the "
+            f"{_MAX_GRID_BLOCKS} blocks of a kernel grid, got shapes {_fmt_shape(q)} and {_fmt_shape(k)}")
 
     check_head_dim(head_dim, q.dtype, fwd_built, name=nq)
 

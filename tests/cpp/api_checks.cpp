@@ -84,8 +84,31 @@ int main() {
   expect_refused<Fwd>("fwd: batch 0", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.batch = 0; }, valid_fwd());
   expect_refused<Fwd>("fwd: nheads not a multiple of nheads_k", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.nheads_k = 3; }, valid_fwd());
-  expect_refused<Fwd>("fwd: nheads past the grid", Status::kInvalidArgument, fwd_check,
-                      [](Fwd& p) { p.nheads = p.nheads_k = 65536; }, valid_fwd());
+  // The 1-D grid: blocks of 64 rows × nheads × batch within 2^31 − 1.
+  expect_refused<Fwd>("fwd: 1-D grid past 2^31 - 1 blocks", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.nheads = p.nheads_k = 65536, p.batch = 32768; }, valid_fwd());
+  {
+    Fwd wide = valid_fwd();  // no y or z grid dimension caps batch or heads
+    wide.nheads = wide.nheads_k = 65536;
+    wide.out_row_stride = int64_t(65536) * 64, wide.out_batch_stride = 17 * wide.out_row_stride;
+    expect(flashtile::can_implement_fwd(wide) == Status::kSuccess, "fwd: nheads past 65535 passes");
+  }
+  // Strides: never negative; the output's elements all distinct.
+  expect_refused<Fwd>("fwd: negative q row stride", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.q_row_stride = -8 * 64; }, valid_fwd());
+  expect_refused<Fwd>("fwd: out heads overlap (head stride 0)", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.out_head_stride = 0; }, valid_fwd());
+  expect_refused<Fwd>("fwd: out rows overlap (row stride < head_dim)", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.out_row_stride = 32, p.out_head_stride = 17 * 32, p.out_batch_stride = 8 * 17 * 32; },
+                      valid_fwd());
+  {
+    Fwd bhsd = valid_fwd();  // out stored (batch, heads, seqlen, head_dim): distinct, accepted
+    bhsd.out_row_stride = 64, bhsd.out_head_stride = 17 * 64, bhsd.out_batch_stride = 8 * 17 * 64;
+    expect(flashtile::can_implement_fwd(bhsd) == Status::kSuccess, "fwd: out in (b, h, s, d) order passes");
+    Fwd broadcast = valid_fwd();  // inputs may overlap: k and v broadcast over the batch
+    broadcast.k_batch_stride = broadcast.v_batch_stride = 0;
+    expect(flashtile::can_implement_fwd(broadcast) == Status::kSuccess, "fwd: k, v with batch stride 0 pass");
+  }
   expect_refused<Fwd>("fwd: softmax_scale 0", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.softmax_scale = 0.f; }, valid_fwd());
   expect_refused<Fwd>("fwd: head_dim 96", Status::kUnsupportedHeadDim, fwd_check,
@@ -95,7 +118,8 @@ int main() {
   expect_refused<Fwd>("fwd: odd row stride of v", Status::kMisalignedPointer, fwd_check,
                       [](Fwd& p) { p.v_row_stride = 2 * 64 + 4; }, valid_fwd());
   expect_refused<Fwd>("fwd: odd head stride of out", Status::kMisalignedPointer, fwd_check,
-                      [](Fwd& p) { p.out_head_stride = 65; }, valid_fwd());
+                      [](Fwd& p) { p.out_head_stride = 65, p.out_row_stride = 8 * 72, p.out_batch_stride = 17 * 8 * 72; },
+                      valid_fwd());
 
   // Backward: the fields it adds.
   expect_refused<Bwd>("bwd: null dout", Status::kInvalidArgument, bwd_check, [](Bwd& p) { p.dout = nullptr; }, valid_bwd());
@@ -107,11 +131,21 @@ int main() {
   {
     Bwd at_bound = valid_bwd();  // 1 block of 64 rows × 65535 heads × 32768 = 2^31 − 32768
     at_bound.nheads = at_bound.nheads_k = 65535, at_bound.batch = 32768;
+    // Outputs laid out for that many heads (their elements must be distinct).
+    at_bound.dq_row_stride = at_bound.dk_row_stride = at_bound.dv_row_stride = int64_t(65535) * 64;
+    at_bound.dq_batch_stride = 17 * at_bound.dq_row_stride;
+    at_bound.dk_batch_stride = at_bound.dv_batch_stride = 33 * at_bound.dk_row_stride;
     expect(flashtile::can_implement_bwd(at_bound) == Status::kSuccess, "bwd: 1-D grid at its bound passes");
     Bwd wide = valid_bwd();  // no y or z grid dimension caps batch or heads
     wide.batch = 65536;
     expect(flashtile::can_implement_bwd(wide) == Status::kSuccess, "bwd: batch past 65535 passes");
   }
+  expect_refused<Bwd>("bwd: negative dv batch stride", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.dv_batch_stride = -p.dv_batch_stride; }, valid_bwd());
+  expect_refused<Bwd>("bwd: dk rows overlap (row stride 0)", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.dk_row_stride = 0; }, valid_bwd());
+  expect_refused<Bwd>("bwd: dq batches overlap", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.dq_batch_stride = 8 * 64; }, valid_bwd());
   expect_refused<Bwd>("bwd: head_dim 256", Status::kUnsupportedHeadDim, bwd_check,
                       [](Bwd& p) { p.head_dim = 256; }, valid_bwd());
   expect_refused<Bwd>("bwd: misaligned dq", Status::kMisalignedPointer, bwd_check,

@@ -1,0 +1,246 @@
+"""Every public function against one table of bad inputs.
+
+Each row is a way an argument can be wrong; the test calls the function and
+asks for the exception type and for message fragments that name the argument.
+The table runs on CPU tensors everywhere (validation reads metadata only and
+checks placement last, so CPU tensors reach every check but placement) and,
+where a GPU exists, again on CUDA tensors, where the rows about placement and
+pointers apply too. Python functions allocate their own outputs, so a refusal
+leaves nothing to protect; the extension's entry points, which write into
+caller-provided buffers, are covered in test_reliability_gpu.py, and the C++
+API's own checks in tests/cpp/api_checks.cpp.
+
+Inputs that are unusual but valid (expanded k/v with stride 0, empty tensors)
+are not errors; test_reliability_gpu.py checks their results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import pytest
+import torch
+
+import flashtile
+from flashtile import _C, _checks
+
+FWD_BUILT = _checks.fwd_combos(_C.built_kernels())
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@dataclasses.dataclass
+class Inputs:
+    """Valid tensors of the first built (head dim, dtype): q (2, 5, 4, d), k, v (2, 7, 2, d)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def make(cls, device: str) -> "Inputs":
+        head_dim, name = FWD_BUILT[0]
+        dtype = DTYPES[name]
+        q = torch.randn(2, 5, 4, head_dim, device=device).to(dtype)
+        k = torch.randn(2, 7, 2, head_dim, device=device).to(dtype)
+        v = torch.randn(2, 7, 2, head_dim, device=device).to(dtype)
+        return cls(q, k, v)
+
+    @property
+    def qkv(self) -> torch.Tensor:  # (2, 5, 3, 4, d): k, v widened to q's shape
+        k = self.k[:, :5].repeat_interleave(2, dim=2)
+        v = self.v[:, :5].repeat_interleave(2, dim=2)
+        return torch.stack([self.q, k, v], dim=2)
+
+    @property
+    def kv(self) -> torch.Tensor:  # (2, 7, 2, 2, d)
+        return torch.stack([self.k, self.v], dim=2)
+
+
+def misaligned_stride(t: torch.Tensor) -> torch.Tensor:
+    """The same values with a row stride of head_dim + 1 elements."""
+    padded = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=t.device)
+    padded[..., : t.shape[-1]] = t
+    return padded[..., : t.shape[-1]]
+
+
+def misaligned_pointer(t: torch.Tensor) -> torch.Tensor:
+    """The same values starting 2 bytes past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+    view = flat[1 : 1 + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def transposed_last_dim(t: torch.Tensor) -> torch.Tensor:
+    """The same values with stride(-1) != 1."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    shape = list(t.shape)
+    shape[dim] = size
+    return torch.randn(shape, device=t.device).to(t.dtype)
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    call: Callable[[Inputs], object]  # makes the bad call
+    exc: type
+    fragments: tuple[str, ...]
+    cuda_only: bool = False  # placement and pointer rows: CPU tensors stop at the device check
+
+
+F = flashtile.flash_attn_func
+QKV = flashtile.flash_attn_qkvpacked_func
+KV = flashtile.flash_attn_kvpacked_func
+
+# Options: every function takes the same ones.
+OPTION_ROWS = [
+    ("dropout_p < 0", {"dropout_p": -0.1}, ValueError, ("dropout_p", "[0, 1)")),
+    ("dropout_p = 1", {"dropout_p": 1.0}, ValueError, ("dropout_p", "[0, 1)")),
+    ("dropout_p not a number", {"dropout_p": "0.1"}, TypeError, ("dropout_p", "str")),
+    ("dropout_p > 0 (not built)", {"dropout_p": 0.1}, NotImplementedError, ("dropout_p",)),
+    ("window_size below -1", {"window_size": (-2, -1)}, ValueError, ("window_size", ">= -1")),
+    ("window_size right below -1", {"window_size": (-1, -5)}, ValueError, ("window_size", ">= -1")),
+    ("window_size not a pair", {"window_size": (1, 2, 3)}, TypeError, ("window_size", "pair")),
+    ("window_size floats", {"window_size": (1.0, 2.0)}, TypeError, ("window_size", "pair")),
+    ("window_size set (not built)", {"window_size": (8, 0)}, NotImplementedError, ("window_size",)),
+    ("softcap < 0", {"softcap": -1.0}, ValueError, ("softcap", ">= 0")),
+    ("softcap NaN", {"softcap": float("nan")}, ValueError, ("softcap",)),
+    ("softcap inf", {"softcap": float("inf")}, ValueError, ("softcap",)),
+    ("softcap None", {"softcap": None}, TypeError, ("softcap", "NoneType")),
+    ("softcap > 0 (not built)", {"softcap": 30.0}, NotImplementedError, ("softcap",)),
+    ("alibi_slopes a list", {"alibi_slopes": [1.0]}, TypeError, ("alibi_slopes", "list")),
+    ("alibi_slopes set (not built)", {"alibi_slopes": torch.ones(4)}, NotImplementedError, ("alibi_slopes",)),
+    ("softmax_scale 0", {"softmax_scale": 0.0}, ValueError, ("softmax_scale", "positive")),
+    ("softmax_scale < 0", {"softmax_scale": -0.125}, ValueError, ("softmax_scale", "positive")),
+    ("softmax_scale NaN", {"softmax_scale": float("nan")}, ValueError, ("softmax_scale", "finite")),
+    ("softmax_scale inf", {"softmax_scale": float("inf")}, ValueError, ("softmax_scale", "finite")),
+    ("softmax_scale a string", {"softmax_scale": "0.1"}, TypeError, ("softmax_scale", "str")),
+    ("softmax_scale a tensor", {"softmax_scale": torch.tensor(0.1)}, TypeError, ("softmax_scale", "Tensor")),
+    ("causal a string", {"causal": "yes"}, TypeError, ("causal", "bool")),
+    ("causal a tensor", {"causal": torch.tensor(True)}, TypeError, ("causal", "bool")),
+]
+
+
+def option_cases() -> list[Case]:
+    cases = []
+    for name, kwargs, exc, fragments in OPTION_ROWS:
+        cases.append(Case(f"func: {name}", lambda x, kw=kwargs: F(x.q, x.k, x.v, **kw), exc, fragments))
+        cases.append(Case(f"qkvpacked: {name}", lambda x, kw=kwargs: QKV(x.qkv, **kw), exc, fragments))
+        cases.append(Case(f"kvpacked: {name}", lambda x, kw=kwargs: KV(x.q, x.kv, **kw), exc, fragments))
+    return cases
+
+
+def with_arg(x: Inputs, which: str, value) -> tuple:
+    args = {"q": x.q, "k": x.k, "v": x.v}
+    args[which] = value
+    return args["q"], args["k"], args["v"]
+
+
+def tensor_cases() -> list[Case]:
+    cases = []
+    for w in "qkv":
+        cases += [
+            Case(f"func: {w} not a tensor", lambda x, w=w: F(*with_arg(x, w, getattr(x, w).tolist())),
+                 TypeError, (f"{w} must be a torch.Tensor", "list")),
+            Case(f"func: {w} 3-D", lambda x, w=w: F(*with_arg(x, w, getattr(x, w).flatten(2))),
+                 ValueError, (f"{w} must be 4-D", "3-D")),
+            Case(f"func: {w} 5-D", lambda x, w=w: F(*with_arg(x, w, getattr(x, w).unsqueeze(0))),
+                 ValueError, (f"{w} must be 4-D", "5-D")),
+            Case(f"func: {w} last dim not contiguous",
+                 lambda x, w=w: F(*with_arg(x, w, transposed_last_dim(getattr(x, w)))),
+                 ValueError, (f"{w} must have a contiguous last dimension",)),
+            Case(f"func: {w} row stride not a multiple of 8",
+                 lambda x, w=w: F(*with_arg(x, w, misaligned_stride(getattr(x, w)))),
+                 ValueError, (f"{w} must have strides that are multiples of 8 elements",)),
+            Case(f"func: {w} on the CPU", lambda x, w=w: F(*with_arg(x, w, getattr(x, w).cpu())),
+                 ValueError, (f"{w} must be on a CUDA device, got cpu",), cuda_only=True),
+            Case(f"func: {w} not 16-byte aligned",
+                 lambda x, w=w: F(*with_arg(x, w, misaligned_pointer(getattr(x, w)))),
+                 ValueError, (f"{w} must start at a 16-byte aligned address",), cuda_only=True),
+        ]
+    for dtype in (torch.float32, torch.float64, torch.int8, torch.float8_e4m3fn):
+        cases.append(Case(f"func: q, k, v {dtype}",
+                          lambda x, d=dtype: F(x.q.to(d), x.k.to(d), x.v.to(d)),
+                          ValueError, ("q must be float16 or bfloat16", str(dtype))))
+    for w in "kv":
+        cases.append(Case(f"func: {w} of another dtype",
+                          lambda x, w=w: F(*with_arg(x, w, getattr(x, w).to(
+                              torch.float16 if x.q.dtype == torch.bfloat16 else torch.bfloat16))),
+                          ValueError, (f"{w} must have the same dtype as q",)))
+    cases += [
+        Case("func: k batch differs", lambda x: F(*with_arg(x, "k", resized(x.k, 0, 3))),
+             ValueError, ("k must have the same batch size as q (2)",)),
+        Case("func: v batch differs", lambda x: F(*with_arg(x, "v", resized(x.v, 0, 3))),
+             ValueError, ("v must have the same batch size as q (2)",)),
+        Case("func: k head dim differs", lambda x: F(*with_arg(x, "k", resized(x.k, 3, 16))),
+             ValueError, ("k must have the same head dim as q",)),
+        Case("func: v seqlen differs from k", lambda x: F(*with_arg(x, "v", resized(x.v, 1, 8))),
+             ValueError, ("v must have the same seqlen as k (7)",)),
+        Case("func: v heads differ from k", lambda x: F(*with_arg(x, "v", resized(x.v, 2, 1))),
+             ValueError, ("v must have the same number of heads as k (2)",)),
+        Case("func: nheads not a multiple of nheads_k",
+             lambda x: F(resized(x.q, 2, 3), x.k, x.v),
+             ValueError, ("nheads of q (3) must be a multiple of nheads of k (2)",)),
+        Case("func: nheads_k 0", lambda x: F(x.q, resized(x.k, 2, 0), resized(x.v, 2, 0)),
+             ValueError, ("k must have at least one head",)),
+    ]
+    for head_dim in (8, 32, 63, 96, 192, 256, 512):
+        cases.append(Case(f"func: head dim {head_dim}",
+                          lambda x, d=head_dim: F(resized(x.q, 3, d), resized(x.k, 3, d), resized(x.v, 3, d)),
+                          ValueError, (f"q: head dim {head_dim} is not supported",)))
+    return cases
+
+
+def packed_cases() -> list[Case]:
+    return [
+        Case("qkvpacked: qkv a tuple", lambda x: QKV((x.q, x.q, x.q)), TypeError, ("qkv must be a torch.Tensor",)),
+        Case("qkvpacked: qkv 4-D", lambda x: QKV(x.q), ValueError, ("qkv must be 5-D", "4-D")),
+        Case("qkvpacked: 2 instead of 3", lambda x: QKV(x.qkv[:, :, :2]), ValueError, ("qkv must be 5-D",)),
+        Case("qkvpacked: float32", lambda x: QKV(x.qkv.float()), ValueError, ("qkv must be float16 or bfloat16",)),
+        Case("qkvpacked: head dim 96", lambda x: QKV(resized(x.qkv, 4, 96)), ValueError,
+             ("qkv: head dim 96 is not supported",)),
+        Case("qkvpacked: last dim not contiguous", lambda x: QKV(transposed_last_dim(x.qkv)), ValueError,
+             ("qkv", "contiguous last dimension")),
+        Case("qkvpacked: on the CPU", lambda x: QKV(x.qkv.cpu()), ValueError,
+             ("qkv must be on a CUDA device, got cpu",), cuda_only=True),
+        Case("kvpacked: kv a tuple", lambda x: KV(x.q, (x.k, x.v)), TypeError, ("kv must be a torch.Tensor",)),
+        Case("kvpacked: kv 4-D", lambda x: KV(x.q, x.kv.flatten(2, 3)), ValueError, ("kv must be 5-D", "4-D")),
+        Case("kvpacked: 3 instead of 2", lambda x: KV(x.q, torch.cat([x.kv, x.kv[:, :, :1]], dim=2)),
+             ValueError, ("kv must be 5-D",)),
+        Case("kvpacked: batch differs", lambda x: KV(x.q, x.kv[:1]), ValueError,
+             ("kv must have the same batch size as q",)),
+        Case("kvpacked: nheads not a multiple", lambda x: KV(x.q, resized(x.kv, 3, 3)), ValueError,
+             ("nheads of q (4) must be a multiple of nheads of kv (3)",)),
+        Case("kvpacked: dtype differs", lambda x: KV(x.q, x.kv.float()), ValueError,
+             ("kv must have the same dtype as q",)),
+        Case("kvpacked: q 3-D", lambda x: KV(x.q.flatten(2), x.kv), ValueError, ("q must be 4-D",)),
+        Case("kvpacked: kv on the CPU", lambda x: KV(x.q, x.kv.cpu()), ValueError,
+             ("kv must be on a CUDA device, got cpu",), cuda_only=True),
+    ]
+
+
+CASES = option_cases() + tensor_cases() + packed_cases()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_refused_naming_the_argument(case, device):
+    if case.cuda_only and device != "cuda":
+        pytest.skip("placement and pointer rows need CUDA tensors")
+    inputs = Inputs.make(device)
+    with pytest.raises(case.exc) as info:
+        case.call(inputs)
+    message = str(info.value)
+    for fragment in case.fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_the_table_covers_every_public_function():
+    names = {c.name.split(":")[0] for c in CASES}
+    assert names == {"func", "qkvpacked", "kvpacked"}
+    assert set(flashtile.__all__) >= {"flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"}
