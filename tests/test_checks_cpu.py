@@ -593,20 +593,27 @@ def test_fa_rule_handles_neg_inf_lse():
         assert_close_fa_rule(inf_where_finite, ref, lowp, "lse")
 
 
-@pytest.mark.parametrize("batch, nheads", [(65536, 1), (1, 65536), (300, 300)],
-                         ids=["batch", "nheads", "product"])
-def test_batch_and_heads_past_65535_pass_the_checks(batch, nheads):
-    """The grids are 1-D: neither batch nor heads is capped at 65535 (meta
-    tensors reach the device check, the last one)."""
-    q, k, v = make_qkv(batch=batch, seqlen_q=3, seqlen_k=1, nheads=nheads, nheads_k=1, device="meta")
+@pytest.mark.parametrize("batch, nheads", [(65536, 1), (1, 65536)], ids=["batch", "nheads"])
+def test_grid_limits_are_named(batch, nheads):
+    """The forward's grid puts heads on y and batch on z, each capped at
+    65535: refused with a message naming the dimension, not as a launch
+    failure."""
+    q, k, v = make_qkv(batch=batch, seqlen_q=1, seqlen_k=1, nheads=nheads, nheads_k=1, device="meta")
+    with raises(ValueError, "q:", "batch size" if batch > 1 else "nheads", "65535"):
+        flashtile.flash_attn_func(q, k, v)
+
+
+def test_batch_times_heads_past_65535_passes_the_checks():
+    q, k, v = make_qkv(batch=300, seqlen_q=3, seqlen_k=1, nheads=300, nheads_k=1, device="meta")
     with raises(ValueError, "q must be on a CUDA device, got meta"):
         flashtile.flash_attn_func(q, k, v)
 
 
 def test_grid_bound_is_named():
-    """Past 2^31 − 1 blocks of 64 rows the grid cannot be launched: refused
-    with a message naming the dimensions, not as a launch failure."""
-    q, k, v = make_qkv(batch=65536, seqlen_q=64, seqlen_k=65, nheads=32768, nheads_k=32768, device="meta")
-    with raises(ValueError, "q, k: batch × nheads × ceil(max(seqlen_q, seqlen_k) / 64) = 4294967296",
+    """Past 2^31 − 1 blocks of 64 rows the backward's 1-D grid cannot be
+    launched: refused with a message naming the dimensions, not as a launch
+    failure."""
+    q, k, v = make_qkv(batch=65535, seqlen_q=64, seqlen_k=33, nheads=65535, nheads_k=65535, device="meta")
+    with raises(ValueError, "q, k: batch × nheads × ceil(max(seqlen_q, seqlen_k) / 64) = 4294836225",
                 "2147483647"):
         flashtile.flash_attn_func(q, k, v)

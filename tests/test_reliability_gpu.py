@@ -64,6 +64,10 @@ def call_bwd(a, softmax_scale=0.125, causal=True, deterministic=False):
            a["workspace"], softmax_scale, causal, deterministic, stream)
 
 
+def other_half(t):
+    return torch.float16 if t.dtype == torch.bfloat16 else torch.bfloat16
+
+
 def _odd_head_stride(t):
     """The same values with a head stride of head_dim + 4 elements."""
     padded = torch.zeros(*t.shape[:-1], t.shape[-1] + 4, dtype=t.dtype, device="cuda")
@@ -79,7 +83,10 @@ def _misaligned(t):
 
 
 FWD_REFUSALS = [
-    ("out float32", lambda a: a.update(out=poisoned(*a["out"].shape, dtype=torch.float32)), ["share one dtype"]),
+    ("out float32", lambda a: a.update(out=poisoned(*a["out"].shape, dtype=torch.float32)),
+     ["out must be float16 or bfloat16"]),
+    ("out of the other half dtype", lambda a: a.update(out=poisoned(*a["out"].shape, dtype=other_half(a["q"]))),
+     ["share one dtype"]),
     ("lse float16", lambda a: a.update(lse=a["lse"].half()), ["lse must be float32"]),
     ("lse wrong shape", lambda a: a.update(lse=poisoned(2, 33, 4, dtype=torch.float32)), ["lse must have shape"]),
     ("lse not contiguous", lambda a: a.update(lse=poisoned(2, 4, 33, dtype=torch.float32, strides=(4 * 40, 40, 1))),
@@ -95,7 +102,10 @@ FWD_REFUSALS = [
 ]
 
 BWD_REFUSALS = [
-    ("dq float32", lambda a: a.update(dq=poisoned(*a["dq"].shape, dtype=torch.float32)), ["must share one dtype"]),
+    ("dq float32", lambda a: a.update(dq=poisoned(*a["dq"].shape, dtype=torch.float32)),
+     ["dq must be float16 or bfloat16"]),
+    ("dk of the other half dtype", lambda a: a.update(dk=poisoned(*a["dk"].shape, dtype=other_half(a["q"]))),
+     ["dk must have q's dtype"]),
     ("dk wrong shape", lambda a: a.update(dk=poisoned(2, 64, 2, a["q"].shape[-1], dtype=a["q"].dtype)),
      ["k, v, dk and dv must have the same shape"]),
     ("workspace too small", lambda a: a.update(workspace=a["workspace"][:64]), ["workspace is smaller"]),

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flashtile/flashtile.hpp"
@@ -143,10 +144,11 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
          const CudaArray& dv, const CudaArray& workspace, float softmax_scale, bool causal,
          bool deterministic, uintptr_t stream) {
   const flashtile::DType dtype = element_dtype(q, "q");
-  const CudaArray* same_dtype[] = {&k, &v, &out, &dout, &dq, &dk, &dv};
-  for (const CudaArray* a : same_dtype) {
-    require(element_dtype(*a, "k, v, out, dout, dq, dk and dv") == dtype,
-            "q, k, v, out, dout, dq, dk and dv must share one dtype");
+  const std::pair<const CudaArray*, const char*> same_dtype[] = {
+      {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+  for (const auto& [a, name] : same_dtype) {
+    require(element_dtype(*a, name) == dtype,
+            std::string(name) + " must have q's dtype (q, k, v, out, dout, dq, dk and dv share one)");
   }
   require(is_dtype(lse, nb::dlpack::dtype_code::Float, 32), "lse must be float32");
   const int device = q.device_id();

@@ -71,8 +71,9 @@ __all__ = [
 ]
 
 
-# The kernels' grids are 1-D: blocks of 64 rows (the smallest tile) × heads ×
-# batch, within CUDA's gridDim.x limit (flashtile.hpp's grid_blocks).
+_MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z (the forward's heads, batch)
+# The backward's grids are 1-D: blocks of 64 rows (the smallest tile) × heads
+# × batch, within CUDA's gridDim.x limit (flashtile.hpp's grid_blocks).
 _MAX_GRID_BLOCKS = 2**31 - 1
 
 
@@ -347,6 +348,13 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
             f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
         )
 
+    # The forward's grid puts heads on y and batch on z, each at most 65535.
+    if batch > _MAX_GRID_YZ:
+        raise ValueError(f"{nq}: batch size {batch} is above the supported {_MAX_GRID_YZ}, "
+                         f"got shape {_fmt_shape(q)}")
+    if nheads > _MAX_GRID_YZ:
+        raise ValueError(f"{nq}: nheads {nheads} is above the supported {_MAX_GRID_YZ}, "
+                         f"got shape {_fmt_shape(q)}")
     blocks = -(-max(seqlen_q, seqlen_k) // 64) * nheads * batch
     if blocks > _MAX_GRID_BLOCKS:
         raise ValueError(

@@ -84,15 +84,13 @@ int main() {
   expect_refused<Fwd>("fwd: batch 0", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.batch = 0; }, valid_fwd());
   expect_refused<Fwd>("fwd: nheads not a multiple of nheads_k", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.nheads_k = 3; }, valid_fwd());
-  // The 1-D grid: blocks of 64 rows × nheads × batch within 2^31 − 1.
-  expect_refused<Fwd>("fwd: 1-D grid past 2^31 - 1 blocks", Status::kInvalidArgument, fwd_check,
-                      [](Fwd& p) { p.nheads = p.nheads_k = 65536, p.batch = 32768; }, valid_fwd());
-  {
-    Fwd wide = valid_fwd();  // no y or z grid dimension caps batch or heads
-    wide.nheads = wide.nheads_k = 65536;
-    wide.out_row_stride = int64_t(65536) * 64, wide.out_batch_stride = 17 * wide.out_row_stride;
-    expect(flashtile::can_implement_fwd(wide) == Status::kSuccess, "fwd: nheads past 65535 passes");
-  }
+  // The grid's y (heads) and z (batch) are capped at 65535.
+  expect_refused<Fwd>("fwd: nheads past the grid", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) {
+                        p.nheads = p.nheads_k = 65536;
+                        p.out_row_stride = int64_t(65536) * 64, p.out_batch_stride = 17 * p.out_row_stride;
+                      },
+                      valid_fwd());
   // Strides: never negative; the output's elements all distinct.
   expect_refused<Fwd>("fwd: negative q row stride", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.q_row_stride = -8 * 64; }, valid_fwd());

@@ -45,14 +45,11 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
   extern __shared__ __align__(128) char smem[];
 
-  // A 1-D grid, query block fastest, then head, then batch (no 65535 cap on
-  // heads or batch). Causal: later query blocks visit more key blocks.
-  // Launching them first (longest-first) keeps the grid's last wave short.
-  const int m_blocks = ceil_div(params.seqlen_q, kBlockM);
-  const int block_order = int(blockIdx.x) % m_blocks;
-  const int m_block = kIsCausal ? m_blocks - 1 - block_order : block_order;
-  const int head = int(blockIdx.x) / m_blocks % params.nheads;
-  const int batch = int(blockIdx.x) / m_blocks / params.nheads;
+  // Causal: later query blocks visit more key blocks. Launching them first
+  // (longest-first) keeps the grid's last wave short.
+  const int m_block = kIsCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
   const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};

@@ -22,9 +22,7 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
       return Status::kCudaError;
     }
   }
-  // 1-D; can_implement_fwd keeps it within 2^31 − 1 blocks.
-  static_assert(Traits::kBlockM % 64 == 0, "can_implement_fwd counts blocks of 64 rows");
-  const dim3 grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
+  const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.nheads, params.batch);
   kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }
