@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks
-from reference import assert_close_fa_rule, attention_ref_backward
+from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
 FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
@@ -272,6 +272,39 @@ def test_grads_qkvpacked(causal):
     (dqkv,) = flash_grads(out, (qkv,), dout)
     assert dqkv.shape == qkv.shape and dqkv.dtype == qkv.dtype
     check_grads(*qkv.unbind(2), dout, out, dqkv.unbind(2), causal, contiguous=False,
+                names=("dqkv[:, :, 0]", "dqkv[:, :, 1]", "dqkv[:, :, 2]"))
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [8, 40, 63, 72, 100, 120])
+def test_padded_head_dims(head_dim, causal, deterministic):
+    """A head dim without a kernel of its own runs the next one up on
+    zero-padded q, k, v: out (a view of the first head_dim columns), lse and
+    gradients against the reference at the caller's head dim."""
+    _, dtype = default_config()
+    require_built(_checks.kernel_head_dim(head_dim), dtype)
+    q, k, v = rand_qkv(2, 129, 200, 4, 2, head_dim, dtype)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic,
+                                            return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 129)
+    _, ref_lse = attention_ref(q.detach(), k.detach(), v.detach(), causal=causal)
+    _, pt_lse = attention_ref(q.detach(), k.detach(), v.detach(), causal=causal, upcast=False)
+    assert_close_fa_rule(lse, ref_lse, pt_lse, "lse")
+    dout = torch.randn_like(out)
+    grads = flash_grads(out, (q, k, v), dout)
+    check_grads(q, k, v, dout, out, grads, causal, contiguous=False)
+
+
+def test_padded_head_dim_through_qkvpacked():
+    _, dtype = default_config()
+    require_built(64, dtype)
+    qkv = torch.randn(2, 150, 3, 4, 40, device="cuda", dtype=dtype, requires_grad=True)
+    out = flashtile.flash_attn_qkvpacked_func(qkv, causal=True)
+    dout = torch.randn_like(out)
+    (dqkv,) = flash_grads(out, (qkv,), dout)
+    assert dqkv.shape == qkv.shape
+    check_grads(*qkv.unbind(2), dout, out, dqkv.unbind(2), True, contiguous=False,
                 names=("dqkv[:, :, 0]", "dqkv[:, :, 1]", "dqkv[:, :, 2]"))
 
 

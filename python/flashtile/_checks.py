@@ -57,6 +57,8 @@ import torch
 __all__ = [
     "KernelNotBuiltError",
     "SUPPORTED_HEAD_DIMS",
+    "MAX_HEAD_DIM",
+    "kernel_head_dim",
     "DTYPE_NAMES",
     "fwd_combos",
     "check_options",
@@ -82,7 +84,8 @@ class KernelNotBuiltError(RuntimeError):
 
 
 # Head dims the kernels are written for (independent of what a build contains).
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128)  # the kernels' head dims
+MAX_HEAD_DIM = 256  # flash_attn's limit; between 128 and it, kernels are still to come
 
 # torch dtype -> the name the extension's dispatch table uses.
 DTYPE_NAMES = ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
@@ -233,19 +236,35 @@ def _check_is_tensor(t, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def kernel_head_dim(head_dim: int):
+    """The head dim of the kernel that runs ``head_dim``: the smallest kernel
+    head dim at least as large (q, k and v are zero-padded up to it), or None
+    when there is none."""
+    return next((hd for hd in SUPPORTED_HEAD_DIMS if hd >= head_dim), None)
+
+
 def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q") -> None:
-    """Head dim must be one flashtile supports, and (head dim, dtype) must be
-    in this build's table (``fwd_built`` as returned by :func:`fwd_combos`)."""
-    if not any(head_dim == hd for hd in SUPPORTED_HEAD_DIMS):
-        supported = ", ".join(str(hd) for hd in SUPPORTED_HEAD_DIMS)
+    """A head dim from 1 to 256 whose kernel (:func:`kernel_head_dim`) exists,
+    and that kernel is in this build's table (``fwd_built`` as returned by
+    :func:`fwd_combos`) for ``dtype``. The kernel is never chosen by what was
+    built: a missing one is reported, not replaced by a larger one."""
+    supported = ", ".join(str(hd) for hd in SUPPORTED_HEAD_DIMS)
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
-            f"{name}: head dim {head_dim} is not supported; flashtile supports head dims {supported}"
+            f"{name}: head dim {head_dim} is not supported; head dims go from 1 to {MAX_HEAD_DIM}"
+        )
+    kernel_dim = kernel_head_dim(head_dim)
+    if kernel_dim is None:
+        raise NotImplementedError(
+            f"{name}: head dim {head_dim} is not implemented in flashtile yet; its kernels have "
+            f"head dims {supported}, and smaller head dims are zero-padded up to the next one"
         )
     dtype_name = _dtype_name(dtype)
-    if not any(head_dim == hd and dtype_name == dn for hd, dn in fwd_built):
+    if not any(kernel_dim == hd and dtype_name == dn for hd, dn in fwd_built):
         built = ", ".join(f"hdim{hd}/{dn}" for hd, dn in fwd_built) or "none"
+        padded = "" if kernel_dim == head_dim else f" (which runs head dim {head_dim}, zero-padded)"
         raise KernelNotBuiltError(
-            f"{name}: the forward kernel for head dim {head_dim} with dtype {dtype_name} "
+            f"{name}: the forward kernel for head dim {kernel_dim}{padded} with dtype {dtype_name} "
             f"is not built in this flashtile build (built: {built}); rebuild flashtile "
             "with that combination enabled"
         )
@@ -363,8 +382,9 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
 
     check_head_dim(head_dim, q.dtype, fwd_built, name=nq)
 
-    for t, name in ((q, nq), (k, nk), (v, nv)):
-        check_layout(t, name)
+    if kernel_head_dim(head_dim) == head_dim:  # a padded head dim is copied into a fresh layout
+        for t, name in ((q, nq), (k, nk), (v, nv)):
+            check_layout(t, name)
 
     check_devices((q, k, v), (nq, nk, nv))
 

@@ -7,6 +7,11 @@ bottom-right corner of the (seqlen_q, seqlen_k) score matrix: query row i sees
 keys j <= i + seqlen_k - seqlen_q, and a row that sees no key gets output 0
 and logsumexp -inf.
 
+Head dims 64 and 128 run kernels of their own; any other head dim up to 128
+runs the next larger one with q, k and v zero-padded (a copy of each), and
+out comes back as a view of its first headdim columns, as in flash_attn.
+Head dims 129 to 256 raise NotImplementedError, larger ones ValueError.
+
 Arguments flashtile does not implement yet (dropout, sliding window, softcap,
 ALiBi) are accepted at their neutral values and raise NotImplementedError
 otherwise. The functions are differentiable (torch.library autograd). By
@@ -18,6 +23,7 @@ order instead (bitwise-reproducible gradients, a slower backward).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import _checks
 from ._ops import BUILT_KERNELS, fwd as _fwd_op
@@ -28,11 +34,21 @@ _FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
 
 
 def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs, deterministic):
-    """Check the tensors (options are already checked) and run the op."""
+    """Check the tensors (options are already checked) and run the op. A head
+    dim without a kernel of its own runs on the next larger kernel with q, k
+    and v zero-padded (zeros add nothing to q·k, and v's padding only fills
+    out's columns that are cut off again); autograd carries the gradients
+    back through the padding."""
     _checks.check_fwd_tensors(q, k, v, _FWD_BUILT, names=names)
+    head_dim = q.shape[-1]
     if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
+        softmax_scale = head_dim ** -0.5
+    pad = _checks.kernel_head_dim(head_dim) - head_dim
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
     out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic))
+    if pad:
+        out = out[..., :head_dim]
     if return_attn_probs:
         # flash_attn returns the attention probabilities only when dropout is
         # on; dropout is not implemented, so that slot is always None.
