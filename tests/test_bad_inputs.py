@@ -40,6 +40,8 @@ class Inputs:
 
     @classmethod
     def make(cls, device: str) -> "Inputs":
+        if not FWD_BUILT:
+            pytest.skip("this build has no forward kernel to validate inputs for")
         head_dim, name = FWD_BUILT[0]
         dtype = DTYPES[name]
         q = torch.randn(2, 5, 4, head_dim, device=device).to(dtype)
@@ -244,7 +246,14 @@ def test_bad_input_is_refused_naming_the_argument(case, device):
         assert fragment in message, f"{fragment!r} not in {message!r}"
 
 
+# The row prefix of each public function; a new public function fails
+# test_the_table_covers_every_public_function until it has rows here.
+ROW_PREFIX = {"flash_attn_func": "func", "flash_attn_qkvpacked_func": "qkvpacked",
+              "flash_attn_kvpacked_func": "kvpacked"}
+
+
 def test_the_table_covers_every_public_function():
-    names = {c.name.split(":")[0] for c in CASES}
-    assert names == {"func", "qkvpacked", "kvpacked"}
-    assert set(flashtile.__all__) >= {"flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"}
+    public = {name for name in flashtile.__all__ if callable(getattr(flashtile, name))}
+    assert public == set(ROW_PREFIX), f"public functions without rows: {public - set(ROW_PREFIX)}"
+    rows = {prefix: sum(c.name.startswith(prefix + ":") for c in CASES) for prefix in ROW_PREFIX.values()}
+    assert all(n >= len(OPTION_ROWS) for n in rows.values()), rows

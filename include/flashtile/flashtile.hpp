@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
@@ -50,7 +51,8 @@ inline bool strides_non_negative(std::initializer_list<int64_t> strides) {
 // An output (batch, rows, heads, head_dim) with a contiguous last dim whose
 // elements are all distinct: sorted by stride, each dim of more than one
 // element steps past everything the smaller ones span. Two CTAs writing the
-// same address would race.
+// same address would race. (Sufficient, not exact: a few interleaved layouts
+// that do not overlap are refused too.)
 inline bool non_overlapping(int64_t batch, int64_t rows, int64_t heads, int64_t head_dim,
                             int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
   struct Dim { int64_t size, stride; };
@@ -59,7 +61,7 @@ inline bool non_overlapping(int64_t batch, int64_t rows, int64_t heads, int64_t 
   int64_t span = head_dim;  // elements covered by the dims sorted so far
   for (const Dim& d : dims) {
     if (d.size <= 1) continue;
-    if (d.stride < span) return false;
+    if (d.stride < span || d.stride > std::numeric_limits<int64_t>::max() / d.size) return false;
     span = d.stride * d.size;
   }
   return true;
@@ -112,9 +114,11 @@ inline Status can_implement_bwd(const BwdParams& p) {
     return Status::kInvalidArgument;
   }
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
-  // Grids: every backward kernel's is 1-D, blocks × heads × batch within
-  // 2^31 − 1 (counting blocks of 64 rows, the smallest tile).
-  if (grid_blocks(std::max(p.seqlen_q, p.seqlen_k), p.nheads, p.batch) > kMaxGridBlocks) {
+  // Grids: every backward kernel's is 1-D within 2^31 − 1 blocks (counted
+  // with 64-row blocks, the smallest tile): key blocks × K/V heads × batch
+  // (main kernel), query blocks × query heads × batch (dQ, convert).
+  if (grid_blocks(p.seqlen_k, p.nheads_k, p.batch) > kMaxGridBlocks ||
+      grid_blocks(p.seqlen_q, p.nheads, p.batch) > kMaxGridBlocks) {
     return Status::kInvalidArgument;
   }
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;

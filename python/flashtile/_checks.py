@@ -374,11 +374,14 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
     if nheads > _MAX_GRID_YZ:
         raise ValueError(f"{nq}: nheads {nheads} is above the supported {_MAX_GRID_YZ}, "
                          f"got shape {_fmt_shape(q)}")
-    blocks = -(-max(seqlen_q, seqlen_k) // 64) * nheads * batch
-    if blocks > _MAX_GRID_BLOCKS:
-        raise ValueError(
-            f"{nq}, {nk}: batch × nheads × ceil(max(seqlen_q, seqlen_k) / 64) = {blocks} is above the "
-            f"{_MAX_GRID_BLOCKS} blocks of a kernel grid, got shapes {_fmt_shape(q)} and {_fmt_shape(k)}")
+    # The backward's grids: key blocks × K/V heads × batch (main kernel) and
+    # query blocks × query heads × batch (dQ and convert kernels).
+    for blocks, what in ((-(-seqlen_q // 64) * nheads * batch, f"{nq}: batch × nheads × ceil(seqlen_q / 64)"),
+                         (-(-seqlen_k // 64) * nheads_k * batch, f"{nk}: batch × nheads_k × ceil(seqlen_k / 64)")):
+        if blocks > _MAX_GRID_BLOCKS:
+            raise ValueError(
+                f"{what} = {blocks} is above the {_MAX_GRID_BLOCKS} blocks of a kernel grid, "
+                f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}")
 
     check_head_dim(head_dim, q.dtype, fwd_built, name=nq)
 

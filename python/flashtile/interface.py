@@ -45,7 +45,9 @@ def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs, determi
         softmax_scale = head_dim ** -0.5
     pad = _checks.kernel_head_dim(head_dim) - head_dim
     if pad:
-        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+        # F.pad keeps some input layouts (e.g. a stride-1 dim that is not the
+        # last); the kernels need the last dim contiguous.
+        q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
     out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic))
     if pad:
         out = out[..., :head_dim]
