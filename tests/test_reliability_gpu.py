@@ -119,38 +119,34 @@ BWD_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("row", FWD_REFUSALS, ids=[r[0] for r in FWD_REFUSALS])
-def test_fwd_entry_point_refusal_leaves_outputs_untouched(row):
-    _name, spoil, fragments = row
-    head_dim, dtype = default_config()
-    a = fwd_args(head_dim, dtype)
-    spoil(a)
-    before = {n: a[n].clone() for n in ("out", "lse")}
+def assert_refused_untouched(call, args, outputs, fragments):
+    """call(args) raises ValueError naming `fragments`, and the caller's
+    `outputs` (names in args) hold the same bits as before."""
+    before = {n: args[n].clone() for n in outputs}
     torch.cuda.synchronize()
     with pytest.raises(ValueError) as info:
-        call_fwd(a)
+        call(args)
     torch.cuda.synchronize()
     for fragment in fragments:
         assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
     for n, t in before.items():
-        assert torch.equal(a[n], t), f"{n} was written although the call was refused"
+        assert torch.equal(args[n], t), f"{n} was written although the call was refused"
+
+
+@pytest.mark.parametrize("row", FWD_REFUSALS, ids=[r[0] for r in FWD_REFUSALS])
+def test_fwd_entry_point_refusal_leaves_outputs_untouched(row):
+    _name, spoil, fragments = row
+    a = fwd_args(*default_config())
+    spoil(a)
+    assert_refused_untouched(call_fwd, a, ("out", "lse"), fragments)
 
 
 @pytest.mark.parametrize("row", BWD_REFUSALS, ids=[r[0] for r in BWD_REFUSALS])
 def test_bwd_entry_point_refusal_leaves_outputs_untouched(row):
     _name, spoil, fragments = row
-    head_dim, dtype = default_config()
-    a = bwd_args(head_dim, dtype)
+    a = bwd_args(*default_config())
     spoil(a)
-    before = {n: a[n].clone() for n in ("dq", "dk", "dv", "workspace")}
-    torch.cuda.synchronize()
-    with pytest.raises(ValueError) as info:
-        call_bwd(a)
-    torch.cuda.synchronize()
-    for fragment in fragments:
-        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
-    for n, t in before.items():
-        assert torch.equal(a[n], t), f"{n} was written although the call was refused"
+    assert_refused_untouched(call_bwd, a, ("dq", "dk", "dv", "workspace"), fragments)
 
 
 def test_unsupported_head_dim_through_the_entry_point():
@@ -159,10 +155,7 @@ def test_unsupported_head_dim_through_the_entry_point():
     for n in ("q", "k", "v"):
         a[n] = torch.randn(*a[n].shape[:-1], 96, device="cuda", dtype=dtype)
     a["out"] = poisoned(2, 33, 4, 96, dtype=dtype)
-    before = a["out"].clone()
-    with pytest.raises(ValueError, match="unsupported head dim"):
-        call_fwd(a)
-    assert torch.equal(a["out"], before)
+    assert_refused_untouched(call_fwd, a, ("out", "lse"), ["unsupported head dim"])
 
 
 # --------------------------------------------------------------------------
