@@ -73,7 +73,8 @@ struct OnlineSoftmax {
   }
 
   // Divides out by the row sums; returns each row's natural-log logsumexp of
-  // the scaled scores (−inf for a row that saw no key, whose out stays 0).
+  // the scaled scores (−inf for a row that saw no key, whose out stays 0;
+  // +inf for a row with a +inf score).
   template <class Out>
   CUTE_DEVICE auto finalize(Out& out, float softmax_scale) {
     Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> lse;  // (kRows)
@@ -81,7 +82,11 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce(row_sum(r), SumOp{});
       const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
-      lse(r) = sum == 0.f ? -INFINITY : row_max(r) * softmax_scale + __logf(sum);
+      // A +inf score makes the row's max +inf and its sum NaN (exp2(inf − inf)):
+      // its logsumexp is +inf, as the reference's, not m + log(NaN).
+      lse(r) = sum == 0.f              ? -INFINITY
+               : row_max(r) == INFINITY ? INFINITY
+                                        : row_max(r) * softmax_scale + __logf(sum);
       CUTE_UNROLL
       for (int c = 0; c < size<1>(out); ++c) out(r, c) *= inv_sum;
     }
