@@ -13,7 +13,7 @@ import argparse
 import pathlib
 import sys
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = {"fp16": ("cutlass::half_t", "kFp16"), "bf16": ("cutlass::bfloat16_t", "kBf16")}
 ARCH = "sm80"  # the mma.sync path; runs on sm80 and newer
 

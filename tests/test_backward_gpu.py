@@ -25,6 +25,8 @@ import flashtile
 from flashtile import _C, _checks
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
+KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
+
 BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
 FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
 BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn in BUILT_KERNELS
@@ -139,7 +141,7 @@ def test_grads_seqlens(seqlen_q, seqlen_k, causal, deterministic):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("nheads, nheads_k", [(4, 4), (8, 2), (16, 2), (8, 1)],
                          ids=["mha", "gqa4", "gqa8", "mqa"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", KERNEL_HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_grads_dtype_headdim_grouping(dtype, head_dim, nheads, nheads_k, causal):
     require_built(head_dim, dtype)
@@ -174,7 +176,7 @@ def test_grads_large_logits(causal):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", KERNEL_HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 17), (300, 129)])
 def test_rows_without_keys(seqlen_q, seqlen_k, dtype, head_dim, deterministic):
@@ -277,7 +279,7 @@ def test_grads_qkvpacked(causal):
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [8, 40, 63, 72, 100, 120])
+@pytest.mark.parametrize("head_dim", [8, 40, 63, 72, 100, 120, 136, 200, 250])
 def test_padded_head_dims(head_dim, causal, deterministic):
     """A head dim without a kernel of its own runs the next one up on
     zero-padded q, k, v: out (a view of the first head_dim columns), lse and
@@ -467,7 +469,7 @@ def test_backward_kernel_not_built_is_named():
 
 
 @pytest.mark.parametrize("seqlen", [16384, 32768])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", KERNEL_HEAD_DIMS)
 def test_activation_memory_is_linear(record_property, head_dim, seqlen):
     """Forward + backward allocate O(seqlen) memory: the peak above the inputs
     stays within 3x the bytes of q, k, v, out, dout and their gradients plus

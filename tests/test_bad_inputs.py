@@ -193,9 +193,8 @@ def tensor_cases() -> list[Case]:
     ]
     for head_dim, exc, fragment in ((0, ValueError, "head dims go from 1 to 256"),
                                     (264, ValueError, "head dims go from 1 to 256"),
-                                    (512, ValueError, "head dims go from 1 to 256"),
-                                    (160, NotImplementedError, "not implemented in flashtile yet"),
-                                    (256, NotImplementedError, "not implemented in flashtile yet")):
+                                    (257, ValueError, "head dims go from 1 to 256"),
+                                    (512, ValueError, "head dims go from 1 to 256")):
         cases.append(Case(f"func: head dim {head_dim}",
                           lambda x, d=head_dim: F(resized(x.q, 3, d), resized(x.k, 3, d), resized(x.v, 3, d)),
                           exc, (f"q: head dim {head_dim}", fragment)))
@@ -208,8 +207,8 @@ def packed_cases() -> list[Case]:
         Case("qkvpacked: qkv 4-D", lambda x: QKV(x.q), ValueError, ("qkv must be 5-D", "4-D")),
         Case("qkvpacked: 2 instead of 3", lambda x: QKV(x.qkv[:, :, :2]), ValueError, ("qkv must be 5-D",)),
         Case("qkvpacked: float32", lambda x: QKV(x.qkv.float()), ValueError, ("qkv must be float16 or bfloat16",)),
-        Case("qkvpacked: head dim 192", lambda x: QKV(resized(x.qkv, 4, 192)), NotImplementedError,
-             ("qkv: head dim 192 is not implemented",)),
+        Case("qkvpacked: head dim 264", lambda x: QKV(resized(x.qkv, 4, 264)), ValueError,
+             ("qkv: head dim 264 is not supported",)),
         Case("qkvpacked: last dim not contiguous", lambda x: QKV(transposed_last_dim(x.qkv)), ValueError,
              ("qkv", "contiguous last dimension")),
         Case("qkvpacked: on the CPU", lambda x: QKV(x.qkv.cpu()), ValueError,

@@ -104,9 +104,11 @@ def test_check_head_dim_with_synthetic_tables():
         _checks.check_head_dim(100, torch.bfloat16, table)
     with raises(KernelNotBuiltError, "head dim 64 (which runs head dim 40, zero-padded)"):
         _checks.check_head_dim(40, torch.bfloat16, ((128, "bf16"),))
+    with raises(KernelNotBuiltError, "head dim 256 (which runs head dim 200, zero-padded)", "fp16"):
+        _checks.check_head_dim(200, torch.float16, ((192, "fp16"),))
     # Unsupported is its own error, whatever the table holds.
-    with raises(NotImplementedError, "q: head dim 192 is not implemented", "64, 128"):
-        _checks.check_head_dim(192, torch.float16, ((192, "fp16"),))
+    with raises(ValueError, "q: head dim 264 is not supported", "from 1 to 256"):
+        _checks.check_head_dim(264, torch.float16, ((256, "fp16"),))
     assert not issubclass(KernelNotBuiltError, ValueError)
 
 
@@ -261,9 +263,6 @@ def test_zero_kv_heads_rejected():
     (0, ValueError, "head dims go from 1 to 256"),
     (257, ValueError, "head dims go from 1 to 256"),
     (512, ValueError, "head dims go from 1 to 256"),
-    (136, NotImplementedError, "not implemented in flashtile yet"),
-    (192, NotImplementedError, "not implemented in flashtile yet"),
-    (256, NotImplementedError, "not implemented in flashtile yet"),
 ])
 def test_unsupported_head_dim_rejected(head_dim, exc, fragment):
     _, dtype = built_config()
@@ -272,8 +271,8 @@ def test_unsupported_head_dim_rejected(head_dim, exc, fragment):
         flashtile.flash_attn_func(q, k, v)
 
 
-@pytest.mark.parametrize("head_dim", [1, 8, 40, 63, 72, 96, 120])
-def test_other_head_dims_up_to_128_pass_to_the_device_check(head_dim):
+@pytest.mark.parametrize("head_dim", [1, 8, 32, 40, 63, 72, 96, 120, 136, 160, 192, 200, 256])
+def test_head_dims_up_to_256_pass_to_the_device_check(head_dim):
     """They run the next kernel's head dim, zero-padded (when it is built)."""
     built_dims = {hd for hd, _ in FWD_BUILT}
     if _checks.kernel_head_dim(head_dim) not in built_dims:
@@ -285,7 +284,8 @@ def test_other_head_dims_up_to_128_pass_to_the_device_check(head_dim):
 
 
 def test_kernel_head_dim_is_the_next_one_up():
-    assert [_checks.kernel_head_dim(d) for d in (1, 63, 64, 65, 128, 129)] == [64, 64, 64, 128, 128, None]
+    dims = (1, 32, 33, 64, 65, 96, 97, 128, 129, 192, 193, 256)
+    assert [_checks.kernel_head_dim(d) for d in dims] == [32, 32, 64, 64, 96, 96, 128, 128, 192, 192, 256, 256]
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
@@ -385,8 +385,8 @@ def test_qkvpacked_rejections():
         flashtile.flash_attn_qkvpacked_func(qkv[:, :, :2])
     with raises(ValueError, "qkv must be float16 or bfloat16"):
         flashtile.flash_attn_qkvpacked_func(qkv.float())
-    with raises(NotImplementedError, "qkv: head dim 160 is not implemented"):
-        flashtile.flash_attn_qkvpacked_func(torch.randn(2, 5, 3, 4, 160).to(q.dtype))
+    with raises(ValueError, "qkv: head dim 264 is not supported"):
+        flashtile.flash_attn_qkvpacked_func(torch.randn(2, 5, 3, 4, 264).to(q.dtype))
     with raises(ValueError, "qkv must be on a CUDA device, got cpu"):
         flashtile.flash_attn_qkvpacked_func(qkv)
 

@@ -18,6 +18,8 @@ import flashtile
 from flashtile import _C, _checks, _ops
 from reference import assert_close_fa_rule, attention_ref
 
+KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
+
 FWD_BUILT = _checks.fwd_combos(_C.built_kernels())
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -80,7 +82,7 @@ def test_seqlens(seqlen_q, seqlen_k, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("nheads, nheads_k", [(4, 4), (8, 2), (16, 2), (8, 1)],
                          ids=["mha", "gqa4", "gqa8", "mqa"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", KERNEL_HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_dtype_headdim_grouping(dtype, head_dim, nheads, nheads_k, causal):
     require_built(head_dim, dtype)

@@ -153,8 +153,8 @@ def test_unsupported_head_dim_through_the_entry_point():
     _, dtype = default_config()
     a = fwd_args(64, dtype)
     for n in ("q", "k", "v"):
-        a[n] = torch.randn(*a[n].shape[:-1], 96, device="cuda", dtype=dtype)
-    a["out"] = poisoned(2, 33, 4, 96, dtype=dtype)
+        a[n] = torch.randn(*a[n].shape[:-1], 80, device="cuda", dtype=dtype)
+    a["out"] = poisoned(2, 33, 4, 80, dtype=dtype)
     assert_refused_untouched(call_fwd, a, ("out", "lse"), ["unsupported head dim"])
 
 

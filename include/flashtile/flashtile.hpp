@@ -21,7 +21,7 @@
 
 namespace flashtile {
 
-inline constexpr int kSupportedHeadDims[] = {64, 128};
+inline constexpr int kSupportedHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 inline bool is_supported_head_dim(int head_dim) {
   for (int d : kSupportedHeadDims) {

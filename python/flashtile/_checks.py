@@ -84,8 +84,8 @@ class KernelNotBuiltError(RuntimeError):
 
 
 # Head dims the kernels are written for (independent of what a build contains).
-SUPPORTED_HEAD_DIMS = (64, 128)  # the kernels' head dims
-MAX_HEAD_DIM = 256  # flash_attn's limit; between 128 and it, kernels are still to come
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the kernels' head dims
+MAX_HEAD_DIM = 256  # flash_attn's limit, and the largest kernel's
 
 # torch dtype -> the name the extension's dispatch table uses.
 DTYPE_NAMES = ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
@@ -237,9 +237,9 @@ def _check_is_tensor(t, name: str) -> None:
 
 
 def kernel_head_dim(head_dim: int):
-    """The head dim of the kernel that runs ``head_dim``: the smallest kernel
-    head dim at least as large (q, k and v are zero-padded up to it), or None
-    when there is none."""
+    """The head dim of the kernel that runs ``head_dim`` (1 to MAX_HEAD_DIM):
+    the smallest kernel head dim at least as large (q, k and v are
+    zero-padded up to it)."""
     return next((hd for hd in SUPPORTED_HEAD_DIMS if hd >= head_dim), None)
 
 
@@ -248,17 +248,11 @@ def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q") -> 
     and that kernel is in this build's table (``fwd_built`` as returned by
     :func:`fwd_combos`) for ``dtype``. The kernel is never chosen by what was
     built: a missing one is reported, not replaced by a larger one."""
-    supported = ", ".join(str(hd) for hd in SUPPORTED_HEAD_DIMS)
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
             f"{name}: head dim {head_dim} is not supported; head dims go from 1 to {MAX_HEAD_DIM}"
         )
     kernel_dim = kernel_head_dim(head_dim)
-    if kernel_dim is None:
-        raise NotImplementedError(
-            f"{name}: head dim {head_dim} is not implemented in flashtile yet; its kernels have "
-            f"head dims {supported}, and smaller head dims are zero-padded up to the next one"
-        )
     dtype_name = _dtype_name(dtype)
     if not any(kernel_dim == hd and dtype_name == dn for hd, dn in fwd_built):
         built = ", ".join(f"hdim{hd}/{dn}" for hd, dn in fwd_built) or "none"

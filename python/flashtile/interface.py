@@ -7,10 +7,10 @@ bottom-right corner of the (seqlen_q, seqlen_k) score matrix: query row i sees
 keys j <= i + seqlen_k - seqlen_q, and a row that sees no key gets output 0
 and logsumexp -inf.
 
-Head dims 64 and 128 run kernels of their own; any other head dim up to 128
-runs the next larger one with q, k and v zero-padded (a copy of each), and
-out comes back as a view of its first headdim columns, as in flash_attn.
-Head dims 129 to 256 raise NotImplementedError, larger ones ValueError.
+Head dims 32, 64, 96, 128, 192 and 256 run kernels of their own; any other
+head dim up to 256 runs the next larger one with q, k and v zero-padded (a
+copy of each), and out comes back as a view of its first headdim columns, as
+in flash_attn. Larger head dims raise ValueError.
 
 Arguments flashtile does not implement yet (dropout, sliding window, softcap,
 ALiBi) are accepted at their neutral values and raise NotImplementedError

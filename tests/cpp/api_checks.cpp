@@ -109,8 +109,8 @@ int main() {
   }
   expect_refused<Fwd>("fwd: softmax_scale 0", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.softmax_scale = 0.f; }, valid_fwd());
-  expect_refused<Fwd>("fwd: head_dim 96", Status::kUnsupportedHeadDim, fwd_check,
-                      [](Fwd& p) { p.head_dim = 96; }, valid_fwd());
+  expect_refused<Fwd>("fwd: head_dim 80", Status::kUnsupportedHeadDim, fwd_check,
+                      [](Fwd& p) { p.head_dim = 80; }, valid_fwd());
   expect_refused<Fwd>("fwd: misaligned k", Status::kMisalignedPointer, fwd_check,
                       [](Fwd& p) { p.k = fake_pointer(0x20008); }, valid_fwd());
   expect_refused<Fwd>("fwd: odd row stride of v", Status::kMisalignedPointer, fwd_check,
@@ -144,8 +144,8 @@ int main() {
                       [](Bwd& p) { p.dk_row_stride = 0; }, valid_bwd());
   expect_refused<Bwd>("bwd: dq batches overlap", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.dq_batch_stride = 8 * 64; }, valid_bwd());
-  expect_refused<Bwd>("bwd: head_dim 256", Status::kUnsupportedHeadDim, bwd_check,
-                      [](Bwd& p) { p.head_dim = 256; }, valid_bwd());
+  expect_refused<Bwd>("bwd: head_dim 264", Status::kUnsupportedHeadDim, bwd_check,
+                      [](Bwd& p) { p.head_dim = 264; }, valid_bwd());
   expect_refused<Bwd>("bwd: misaligned dq", Status::kMisalignedPointer, bwd_check,
                       [](Bwd& p) { p.dq = fake_pointer(0x70004); }, valid_bwd());
   expect_refused<Bwd>("bwd: odd batch stride of dk", Status::kMisalignedPointer, bwd_check,
@@ -159,7 +159,7 @@ int main() {
   expect(flashtile::fwd(valid_fwd(), nullptr) == Status::kNotBuilt, "fwd() without kernels is kNotBuilt");
   expect(flashtile::bwd(valid_bwd(), nullptr) == Status::kNotBuilt, "bwd() without kernels is kNotBuilt");
   Fwd bad = valid_fwd();
-  bad.head_dim = 96;
+  bad.head_dim = 80;
   expect(flashtile::fwd(bad, nullptr) == Status::kUnsupportedHeadDim, "fwd() checks before dispatch");
 
   // Workspace: dQ accumulator (fp32, query rows rounded up to 128, bytes to

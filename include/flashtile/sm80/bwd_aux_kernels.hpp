@@ -15,14 +15,19 @@ namespace flashtile::sm80 {
 using namespace cute;
 
 // The rowsum kernel's launch shape: kDotThreads threads per CTA, each row
-// shared by kHeadDim / (16 bytes / element) of them.
+// shared by kDotThreadsPerRow of them: one per 16-byte vector of the row,
+// rounded up to a power of two (so a row's threads sit in one warp; head
+// dims 96 and 192 leave 4 and 8 of them idle).
 constexpr int kDotThreads = 128;
+constexpr int next_power_of_two(int n) { return n <= 1 ? 1 : 2 * next_power_of_two((n + 1) / 2); }
 template <class Element, int kHeadDim>
-constexpr int kDotRowsPerCta = kDotThreads / (kHeadDim * int(sizeof(Element)) / 16);
+constexpr int kDotThreadsPerRow = next_power_of_two(kHeadDim * int(sizeof(Element)) / 16);
+template <class Element, int kHeadDim>
+constexpr int kDotRowsPerCta = kDotThreads / kDotThreadsPerRow<Element, kHeadDim>;
 
 // dsum[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d] in fp32: the D of
 // dS = P ∘ (dP − D). kVectors threads share a (batch, row, head) row, one
-// 16-byte vector of out and dout each, so a warp reads whole contiguous rows;
+// 16-byte vector of out and dout each (or none), so a warp reads whole contiguous rows;
 // a shuffle reduction sums them. Launch with kDotThreads threads per CTA and
 // kDotRowsPerCta rows per CTA. The same threads also zero the dQ
 // accumulator's zero_vectors 16-byte vectors (none in deterministic mode),
@@ -32,7 +37,7 @@ __global__ void __launch_bounds__(kDotThreads)
     bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum, float4* dq_accum,
                         int64_t zero_vectors) {
   constexpr int kElemsPerVector = 16 / sizeof(Element);
-  constexpr int kVectors = kHeadDim / kElemsPerVector;  // threads per row
+  constexpr int kVectors = kDotThreadsPerRow<Element, kHeadDim>;
   static_assert(kVectors <= 32 && 32 % kVectors == 0);
   static_assert(kDotRowsPerCta<Element, kHeadDim> * kVectors == kDotThreads);
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
@@ -43,7 +48,7 @@ __global__ void __launch_bounds__(kDotThreads)
     dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float sum = 0.f;
-  if (idx < rows) {
+  if (idx < rows && col < kHeadDim) {
     const int head = int(idx % params.nheads);
     const int64_t bi = idx / params.nheads;
     const int row = int(bi % params.seqlen_q);

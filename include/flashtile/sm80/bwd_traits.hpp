@@ -16,6 +16,8 @@
 
 #include <type_traits>
 
+#include "flashtile/sm80/smem_layout.hpp"
+
 namespace flashtile::sm80 {
 
 using namespace cute;
@@ -38,6 +40,20 @@ struct BwdConfig<128, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
 };
+template <bool kIsCausal>
+struct BwdConfig<32, kIsCausal> : BwdConfig<64, kIsCausal> {};
+template <bool kIsCausal>
+struct BwdConfig<96, kIsCausal> : BwdConfig<128, kIsCausal> {};
+// 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
+// thread, so keys come in blocks of 64; shared memory is 161 and 209 KB (the
+// H100/H200's 227 KB per block; sm80's 163 KB is too little for 256).
+template <bool kIsCausal>
+struct BwdConfig<192, kIsCausal> {
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
+  static constexpr int kAtomMSdP = 4, kAtomNdKV = 2, kAtomMdQ = 2;
+};
+template <bool kIsCausal>
+struct BwdConfig<256, kIsCausal> : BwdConfig<192, kIsCausal> {};
 
 // The deterministic mode's dQ kernel (one CTA per query block, walking the
 // key blocks with K and V double-buffered): 64 × 64 tiles keep its shared
@@ -62,7 +78,7 @@ struct BwdTraits {
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kNWarps = Config::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0, "8x64 swizzle atoms tile whole rows");
+  static_assert(kHeadDim % 32 == 0 && kBlockN % 64 == 0, "swizzle atoms tile whole rows (smem_layout.hpp)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
                                      MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,
@@ -75,21 +91,12 @@ struct BwdTraits {
   using TiledMmadKV = TiledMmaFor<Config::kAtomNdKV>;
   using TiledMmadQ = TiledMmaFor<Config::kAtomMdQ>;
 
-  using SmemLayoutAtom = decltype(composition(
-      Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
-  template <int kRows, int kCols>
-  using SmemLayout = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kRows>, Int<kCols>>{}));
-  // The transpose of a (kRows, kCols) smem layout, as a (kCols, kRows) view.
-  template <class Layout_, int kRows, int kCols>
-  using Transposed = decltype(composition(
-      Layout_{}, make_layout(Shape<Int<kCols>, Int<kRows>>{}, GenRowMajor{})));
-
-  using SmemLayoutQ = SmemLayout<kBlockM, kHeadDim>;    // Q and dO: (kBlockM, kHeadDim)
-  using SmemLayoutKV = SmemLayout<kBlockN, kHeadDim>;   // K and V: (kBlockN, kHeadDim)
-  using SmemLayoutPdS = SmemLayout<kBlockM, kBlockN>;   // P and dS: (kBlockM, kBlockN)
-  using SmemLayoutQt = Transposed<SmemLayoutQ, kBlockM, kHeadDim>;      // (kHeadDim, kBlockM)
-  using SmemLayoutKt = Transposed<SmemLayoutKV, kBlockN, kHeadDim>;     // (kHeadDim, kBlockN)
-  using SmemLayoutPdSt = Transposed<SmemLayoutPdS, kBlockM, kBlockN>;   // (kBlockN, kBlockM)
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;    // Q and dO: (kBlockM, kHeadDim)
+  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;   // K and V: (kBlockN, kHeadDim)
+  using SmemLayoutPdS = SmemLayoutTile<kBlockM, kBlockN>;   // P and dS: (kBlockM, kBlockN)
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;      // (kHeadDim, kBlockM)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;     // (kHeadDim, kBlockN)
+  using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;   // (kBlockN, kBlockM)
 
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -103,20 +110,9 @@ struct BwdTraits {
   static constexpr int kSmemDqBytes =
       2 * kSmemQBytes + 4 * kSmemKVBytes + kSmemPdSBytes + 2 * kSmemRowsBytes;
 
-  static constexpr int kElemsPerVector = 16 / sizeof(Element);
-  static constexpr int kThreadsPerRow = 64 / kElemsPerVector;
-  using GmemTiledCopy = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{},
-      Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
-             Stride<Int<kThreadsPerRow>, _1>>{},
-      Layout<Shape<_1, Int<kElemsPerVector>>>{}));
-
-  // Shared -> global, 16 bytes per thread (the convert kernel's dQ rows).
-  using GmemTiledCopyStore = decltype(make_tiled_copy(
-      Copy_Atom<UniversalCopy<uint128_t>, Element>{},
-      Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
-             Stride<Int<kThreadsPerRow>, _1>>{},
-      Layout<Shape<_1, Int<kElemsPerVector>>>{}));
+  using GmemTiledCopy = GmemTiledCopyFor<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element, kNThreads, kHeadDim>;
+  // Shared -> global, 16 bytes per thread (dK, dV and the convert kernel's dQ).
+  using GmemTiledCopyStore = GmemTiledCopyFor<UniversalCopy<uint128_t>, Element, kNThreads, kHeadDim>;
 
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;

@@ -41,7 +41,6 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   using BlockShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
   static_assert(kBlockM % (16 * Traits::kNWarps) == 0, "each warp owns whole 16-row MMA slices");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0);
-  static_assert(Traits::kNThreads % Traits::kThreadsPerRow == 0);
 
   extern __shared__ __align__(128) char smem[];
 

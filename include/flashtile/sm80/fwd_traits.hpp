@@ -11,6 +11,8 @@
 
 #include <type_traits>
 
+#include "flashtile/sm80/smem_layout.hpp"
+
 namespace flashtile::sm80 {
 
 using namespace cute;
@@ -32,6 +34,24 @@ template <>
 struct FwdConfig<128> {
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
+template <>
+struct FwdConfig<32> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
+};
+template <>
+struct FwdConfig<96> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
+};
+// 192 and 256: 8 warps of 16 rows, so the O accumulator is 96 and 128 floats
+// a thread.
+template <>
+struct FwdConfig<192> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
+};
+template <>
+struct FwdConfig<256> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
+};
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
 struct FwdTraits {
@@ -43,7 +63,7 @@ struct FwdTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 64 == 0, "the 8x64 swizzle atom tiles whole 128-byte rows");
+  static_assert(kHeadDim % 32 == 0, "swizzle atoms tile whole 32- or 64-column rows");
 
   // m16n8k16, fp32 accumulate. Warps tile M; the 16-wide N tile lets one
   // ldmatrix.x4 feed two n8 MMAs.
@@ -53,18 +73,12 @@ struct FwdTraits {
   using TiledMma = TiledMMA<MmaAtom, Layout<Shape<Int<kNWarps>, _1, _1>>,
                             Tile<Int<16 * kNWarps>, _16, _16>>;
 
-  // Shared memory: rows of 64 elements (128 B) in 8-row atoms; Swizzle<3,3,3>
-  // XORs the 16-byte chunk index with the row, so both the row-wise cp.async
-  // stores and the column-wise ldmatrix reads are bank-conflict free.
-  using SmemLayoutAtom = decltype(composition(
-      Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
-  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{},
-                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // (kBlockM, kHeadDim)
-  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{},
-                                              Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // (kBlockN, kHeadDim)
+  // Shared memory: swizzled tiles (smem_layout.hpp), conflict-free for the
+  // cp.async stores and the ldmatrix reads.
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // (kBlockM, kHeadDim)
+  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // (kBlockN, kHeadDim)
   // Vᵀ as a view of the same bytes, for the P·V product's B operand.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));  // (kHeadDim, kBlockN)
+  using SmemLayoutVt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;  // (kHeadDim, kBlockN)
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
   using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's buffer
 
@@ -72,18 +86,10 @@ struct FwdTraits {
   static constexpr int kSmemKVBytes = cosize_v<SmemLayoutKV> * sizeof(Element);
   static constexpr int kSmemBytes = kSmemQBytes + 2 * kSmemKVBytes;
 
-  // Global <-> shared: 16-byte vectors, 8 threads per 64-element row chunk.
-  static constexpr int kElemsPerVector = 16 / sizeof(Element);
-  static constexpr int kThreadsPerRow = 64 / kElemsPerVector;
-  using GmemThreadLayout = Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>,
-                                  Stride<Int<kThreadsPerRow>, _1>>;
-  using GmemValueLayout = Layout<Shape<_1, Int<kElemsPerVector>>>;
+  // Global <-> shared: 16-byte vectors, one thread group per swizzle-atom row.
   // CACHEGLOBAL: K/V tiles are re-read by other CTAs through L2, not L1.
-  using GmemTiledCopyQKV = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{}, GmemThreadLayout{},
-      GmemValueLayout{}));
-  using GmemTiledCopyO = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{},
-                                                  GmemThreadLayout{}, GmemValueLayout{}));
+  using GmemTiledCopyQKV = GmemTiledCopyFor<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element, kNThreads, kHeadDim>;
+  using GmemTiledCopyO = GmemTiledCopyFor<UniversalCopy<uint128_t>, Element, kNThreads, kHeadDim>;
 
   // Shared -> registers: ldmatrix (transposed for Vᵀ); registers -> shared for O.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
