@@ -42,8 +42,13 @@ struct BwdConfig<128, kIsCausal> {
 };
 template <bool kIsCausal>
 struct BwdConfig<32, kIsCausal> : BwdConfig<64, kIsCausal> {};
+// 96: as 128, but the dQ product's warps 4 × 2, so its 32-column tile
+// divides 96.
 template <bool kIsCausal>
-struct BwdConfig<96, kIsCausal> : BwdConfig<128, kIsCausal> {};
+struct BwdConfig<96, kIsCausal> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
+};
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
 // thread, so keys come in blocks of 64; shared memory is 161 and 209 KB (the
 // H100/H200's 227 KB per block; sm80's 163 KB is too little for 256).
@@ -64,7 +69,8 @@ struct BwdConfig<256, kIsCausal> : BwdConfig<192, kIsCausal> {};
 template <int kHeadDim>
 struct BwdDqConfig {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
-  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
+  // dQ's warps 2 × 4 tile 64 columns, 4 × 2 tile 32 (head dims 32 and 96).
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = kHeadDim % 64 == 0 ? 2 : 4;
 };
 
 template <int kHeadDim_, class Element_, class Config_>
@@ -87,6 +93,14 @@ struct BwdTraits {
   using TiledMmaFor =
       TiledMMA<MmaAtom, Layout<Shape<Int<kAtomM>, Int<kNWarps / kAtomM>, _1>>,
                Tile<Int<16 * kAtomM>, Int<16 * kNWarps / kAtomM>, _16>>;
+  // Each product's warp tile (16·kAtomM rows, 16·kNWarps/kAtomM columns)
+  // must divide its operand shape, or the partitions run past the tiles.
+  static constexpr bool tiles(int rows, int cols, int atom_m) {
+    return rows % (16 * atom_m) == 0 && cols % (16 * kNWarps / atom_m) == 0;
+  }
+  static_assert(tiles(kBlockM, kBlockN, Config::kAtomMSdP), "S, dP: (kBlockM, kBlockN)");
+  static_assert(tiles(kBlockN, kHeadDim, Config::kAtomNdKV), "dK, dV: (kBlockN, kHeadDim)");
+  static_assert(tiles(kBlockM, kHeadDim, Config::kAtomMdQ), "dQ: (kBlockM, kHeadDim)");
   using TiledMmaSdP = TiledMmaFor<Config::kAtomMSdP>;
   using TiledMmadKV = TiledMmaFor<Config::kAtomNdKV>;
   using TiledMmadQ = TiledMmaFor<Config::kAtomMdQ>;
