@@ -24,7 +24,22 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
     return cols > rows + (seqlen_k - seqlen_q)
 
 
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def window_mask(seqlen_q: int, seqlen_k: int, window_size, device=None) -> torch.Tensor:
+    """Bottom-right aligned sliding window, True where a score is masked out:
+    query row i sees key j iff i + off - left <= j <= i + off + right, with
+    off = seqlen_k - seqlen_q and a side of -1 unbounded."""
+    left, right = window_size
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1) + (seqlen_k - seqlen_q)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    hidden = torch.zeros(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        hidden |= cols < rows - left
+    if right >= 0:
+        hidden |= cols > rows + right
+    return hidden
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1)):
     """softmax(q k^T * scale) v over (batch, seqlen, nheads, headdim) tensors.
 
     k and v may have fewer heads than q (GQA/MQA): kv head j serves query heads
@@ -35,7 +50,9 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
 
     Returns (out (b, sq, h, d), lse (b, h, sq)); lse is the natural-log
     logsumexp of each row of scaled, masked scores. A row that sees no key
-    (seqlen_k == 0, or causal with seqlen_q > seqlen_k) gets out 0, lse -inf.
+    (seqlen_k == 0, causal with seqlen_q > seqlen_k, or an empty window) gets
+    out 0, lse -inf. window_size: a sliding window (window_mask), combined
+    with causal.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -62,6 +79,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale  # (b, h, sq, sk)
     if causal:
         scores = scores.masked_fill(causal_mask(seqlen_q, seqlen_k, q.device), float("-inf"))
+    if tuple(window_size) != (-1, -1):
+        scores = scores.masked_fill(window_mask(seqlen_q, seqlen_k, window_size, q.device), float("-inf"))
 
     row_max = scores.amax(dim=-1, keepdim=True)
     # A fully masked row has max -inf; shift it by 0 so exp gives 0, not NaN.
@@ -74,7 +93,7 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
     return out, lse
 
 
-def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upcast=True):
+def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1)):
     """out and (dq, dk, dv) of :func:`attention_ref` for the cotangent ``dout``.
 
     Autograd runs on detached leaf copies, so the caller's tensors (views,
@@ -93,7 +112,7 @@ def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upca
     with torch.enable_grad():
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
         out, _lse = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale,
-                                  upcast=upcast)
+                                  upcast=upcast, window_size=window_size)
         grads = torch.autograd.grad(out, leaves, dout.detach().to(out.dtype))
     return out.detach(), tuple(grads)
 

@@ -124,9 +124,6 @@ def test_check_head_dim_with_synthetic_tables():
         ({"dropout_p": -0.1}, ValueError, ["dropout_p", "[0, 1)", "-0.1"]),
         ({"dropout_p": 1.0}, ValueError, ["dropout_p", "[0, 1)"]),
         ({"dropout_p": "0.1"}, TypeError, ["dropout_p", "str"]),
-        ({"window_size": (4, 0)}, NotImplementedError, ["window_size", "(4, 0)", "not implemented"]),
-        ({"window_size": (-1, 0)}, NotImplementedError, ["window_size", "(-1, 0)"]),
-        ({"window_size": [8, 8]}, NotImplementedError, ["window_size"]),
         ({"window_size": (-2, -1)}, ValueError, ["window_size", ">= -1"]),
         ({"window_size": (1, 2, 3)}, TypeError, ["window_size", "pair"]),
         ({"window_size": 4}, TypeError, ["window_size", "pair"]),
@@ -157,7 +154,7 @@ def test_options_rejected(kwargs, exc, fragments):
 def test_options_rejected_by_packed_functions(func):
     q, k, v = make_qkv(seqlen_k=5, nheads_k=4)
     for kwargs, exc in (({"dropout_p": 0.5}, NotImplementedError),
-                        ({"window_size": (2, 2)}, NotImplementedError),
+                        ({"window_size": (2, -3)}, ValueError),
                         ({"softcap": 5.0}, NotImplementedError),
                         ({"alibi_slopes": torch.ones(4)}, NotImplementedError),
                         ({"dropout_p": 2.0}, ValueError)):
@@ -173,11 +170,12 @@ def test_options_rejected_by_packed_functions(func):
     "kwargs",
     [{}, {"dropout_p": 0.0, "softmax_scale": 0.3, "causal": True, "window_size": [-1, -1],
           "softcap": 0.0, "alibi_slopes": None, "deterministic": True, "return_attn_probs": True},
-     {"softmax_scale": 1, "causal": 1, "dropout_p": 0}],
+     {"softmax_scale": 1, "causal": 1, "dropout_p": 0},
+     {"window_size": (4, 0)}, {"window_size": [8, 8], "causal": True}, {"window_size": (-1, 0)}],
 )
 def test_neutral_options_pass_to_device_check(kwargs):
-    """Neutral values of every option are accepted: the call gets as far as
-    the device check, which is the last one."""
+    """Neutral values of every option, and windows, are accepted: the call
+    gets as far as the device check, which is the last one."""
     q, k, v = make_qkv()
     with raises(ValueError, "q must be on a CUDA device, got cpu"):
         flashtile.flash_attn_func(q, k, v, **kwargs)

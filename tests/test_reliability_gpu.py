@@ -214,7 +214,8 @@ def test_lse_of_a_row_with_an_infinite_score():
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 def test_nan_or_inf_in_q_propagates_through_the_backward_like_the_reference(deterministic, poison):
     """A NaN in q, or one +inf element (a row of +inf and −inf scores, whose
-    softmax is NaN): dq, dk, dv are NaN exactly where the reference's are."""
+    probabilities the reference makes NaN at the +inf scores and 0 at the
+    others): dq, dk, dv are NaN exactly where the reference's are."""
     head_dim, dtype = default_config()
     q, k, v = rand_qkv(2, 200, 300, 4, 2, head_dim, dtype, requires_grad=False)
     if poison == "nan":

@@ -21,6 +21,9 @@
 
 namespace flashtile {
 
+// Each has kernels of its own; the backward for 256 needs sm90's shared
+// memory (kUnsupportedDevice on sm80), and the forward for 256 sm80's or
+// sm90's (not sm86, sm89, sm120).
 inline constexpr int kSupportedHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 inline bool is_supported_head_dim(int head_dim) {
@@ -87,6 +90,7 @@ inline Status can_implement_fwd(const FwdParams& p) {
   if (p.nheads > 65535 || p.batch > 65535) return Status::kInvalidArgument;
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
+  if (p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
   if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                              p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                              p.out_batch_stride, p.out_row_stride, p.out_head_stride}) ||
@@ -123,6 +127,7 @@ inline Status can_implement_bwd(const BwdParams& p) {
   }
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
+  if (p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
   if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                              p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                              p.out_batch_stride, p.out_row_stride, p.out_head_stride, p.dout_batch_stride,

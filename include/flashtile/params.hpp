@@ -37,6 +37,13 @@ struct FwdParams {
   // Causal mask aligned to the bottom-right corner (flash_attn >= 2.1):
   // query row i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool causal = false;
+  // Sliding window (local attention), bottom-right aligned like causal:
+  // query row i sees key j iff
+  //   i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right,
+  // each side unbounded when -1. Combined with causal (the visible sets
+  // intersect), so causal with window_left = w is a window of w keys back.
+  int window_left = -1;
+  int window_right = -1;
   DType dtype = DType::kBf16;
 };
 
@@ -75,6 +82,8 @@ struct BwdParams {
 
   float softmax_scale = 0.f;
   bool causal = false;
+  int window_left = -1;  // as FwdParams
+  int window_right = -1;
   // Sum dQ in a fixed order (a second kernel, no atomics), so that two runs
   // give bitwise-identical gradients. Costs time (benchmarks/NOTES.md) and
   // changes bwd_workspace_bytes().

@@ -80,7 +80,8 @@ void raise_for_status(flashtile::Status status, const char* direction, int head_
 }
 
 void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
-         const CudaArray& lse, float softmax_scale, bool causal, uintptr_t stream) {
+         const CudaArray& lse, float softmax_scale, bool causal, uintptr_t stream, int window_left,
+         int window_right) {
   const flashtile::DType dtype = element_dtype(q, "q");
   require(element_dtype(k, "k") == dtype && element_dtype(v, "v") == dtype &&
               element_dtype(out, "out") == dtype,
@@ -126,6 +127,8 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
   strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
   p.dtype = dtype;
 
   raise_for_status(flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream)), "fwd", p.head_dim,
@@ -142,7 +145,7 @@ size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bo
 void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const CudaArray& v,
          const CudaArray& out, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
          const CudaArray& dv, const CudaArray& workspace, float softmax_scale, bool causal,
-         bool deterministic, uintptr_t stream) {
+         bool deterministic, uintptr_t stream, int window_left, int window_right) {
   const flashtile::DType dtype = element_dtype(q, "q");
   const std::pair<const CudaArray*, const char*> same_dtype[] = {
       {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
@@ -203,6 +206,8 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   strides_of(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
   p.dtype = dtype;
   raise_for_status(flashtile::bwd(p, reinterpret_cast<cudaStream_t>(stream)), "bwd", p.head_dim,
                    dtype);
@@ -222,12 +227,15 @@ std::vector<std::tuple<std::string, std::string, int, std::string>> built_kernel
 NB_MODULE(_C, m) {
   m.doc() = "flashtile's compiled kernels (DLPack in, no libtorch)";
   m.def("fwd", &fwd, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-        nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"),
+        nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1,
         "Attention forward into caller-allocated out (batch, seqlen_q, nheads, head_dim) and "
-        "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device.");
+        "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device. "
+        "window_left/right: a sliding window (FwdParams), -1 for unbounded.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"), nb::arg("stream"),
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1,
         "Attention backward into caller-allocated dq (q's shape), dk and dv (k's shape), "
         "using a device workspace of bwd_workspace_bytes(...) bytes. deterministic: sum dq in "
         "a fixed order (bitwise reproducible) instead of with atomic adds.");

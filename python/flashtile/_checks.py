@@ -11,7 +11,7 @@ Exception types
 * ``ValueError``          -- a tensor or number has the wrong properties
                              (rank, dtype, shape, strides, device, range).
 * ``NotImplementedError`` -- a valid request for a feature flashtile does not
-                             have yet (dropout, sliding window, softcap, ALiBi).
+                             have yet (dropout, softcap, ALiBi).
 * ``KernelNotBuiltError`` -- (a ``RuntimeError``) the request is supported by
                              flashtile, but this build was compiled without
                              the forward kernel that serves it. (A missing
@@ -210,11 +210,6 @@ def check_options(
             "dropout_p: dropout is not implemented in flashtile yet "
             f"(got dropout_p={dropout_p}); pass 0.0"
         )
-    if window_size[0] != -1 or window_size[1] != -1:
-        raise NotImplementedError(
-            "window_size: local (sliding-window) attention is not implemented in flashtile yet "
-            f"(got window_size={tuple(window_size)}); pass (-1, -1)"
-        )
     if softcap != 0.0:
         raise NotImplementedError(
             "softcap: logit soft-capping is not implemented in flashtile yet "
@@ -224,6 +219,16 @@ def check_options(
         raise NotImplementedError(
             "alibi_slopes: ALiBi is not implemented in flashtile yet; pass None"
         )
+
+
+def kernel_window(window_size, causal: bool, seqlen_k: int) -> tuple[int, int]:
+    """The (left, right) window the kernels get, as flash_attn 2.x makes it:
+    a side of seqlen_k or more is unbounded (-1), and causal makes the right
+    side 0. (The kernels fold causal in the same way.)"""
+    left, right = (int(w) for w in window_size)
+    left = -1 if left >= seqlen_k else left
+    right = -1 if right >= seqlen_k else right
+    return left, 0 if causal else right
 
 
 # --------------------------------------------------------------------------

@@ -68,6 +68,8 @@ def fwd(
     softmax_scale: float,
     causal: bool,
     deterministic: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
     if out.numel() == 0:  # batch, seqlen_q or nheads is 0: nothing to compute
@@ -81,12 +83,13 @@ def fwd(
     check_pointer_alignment((q, k, v), ("q", "k", "v"))
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream)
+        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
+               int(window_right))
     return out, lse
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False):
+def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1):
     return _empty_outputs(q)
 
 
@@ -111,6 +114,8 @@ def bwd(
     softmax_scale: float,
     causal: bool,
     deterministic: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
     GQA each of dk and dv sums over the query heads of its group. With
@@ -128,7 +133,7 @@ def bwd(
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
-               bool(deterministic), stream)
+               bool(deterministic), stream, int(window_left), int(window_right))
     return dq, dk, dv
 
 
@@ -137,12 +142,13 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False):
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, window_left=-1,
+              window_right=-1):
     return _empty_grads(q, k, v)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, deterministic = inputs
+    q, k, v, softmax_scale, causal, deterministic, window_left, window_right = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     # Only these: the backward recomputes P from q, k and the row logsumexp.
@@ -150,13 +156,14 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
+    ctx.window = (window_left, window_right)
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                     ctx.deterministic)
-    return dq, dk, dv, None, None, None
+                     ctx.deterministic, *ctx.window)
+    return dq, dk, dv, None, None, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

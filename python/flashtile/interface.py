@@ -12,9 +12,15 @@ head dim up to 256 runs the next larger one with q, k and v zero-padded (a
 copy of each), and out comes back as a view of its first headdim columns, as
 in flash_attn. Larger head dims raise ValueError.
 
-Arguments flashtile does not implement yet (dropout, sliding window, softcap,
-ALiBi) are accepted at their neutral values and raise NotImplementedError
-otherwise. The functions are differentiable (torch.library autograd). By
+``window_size=(left, right)`` is local (sliding-window) attention, aligned to
+the bottom-right corner like causal: query row i sees keys j with
+i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, a side
+unbounded when -1 (or, as in flash_attn, when it is seqlen_k or more);
+causal=True sets right to 0. Key blocks outside every row's window are never
+visited, and a row whose window holds no key gets output 0 and logsumexp -inf.
+
+Arguments flashtile does not implement yet (dropout, softcap, ALiBi) are
+accepted at their neutral values and raise NotImplementedError otherwise. The functions are differentiable (torch.library autograd). By
 default the backward accumulates dq with fp32 atomic adds, whose order varies
 from run to run in the last bits; ``deterministic=True`` sums dq in a fixed
 order instead (bitwise-reproducible gradients, a slower backward).
@@ -33,7 +39,7 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
 _FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
 
 
-def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs, deterministic):
+def _attention(q, k, v, names, softmax_scale, causal, window_size, return_attn_probs, deterministic):
     """Check the tensors (options are already checked) and run the op. A head
     dim without a kernel of its own runs on the next larger kernel with q, k
     and v zero-padded (zeros add nothing to q·k, and v's padding only fills
@@ -48,7 +54,9 @@ def _attention(q, k, v, names, softmax_scale, causal, return_attn_probs, determi
         # F.pad keeps some input layouts (e.g. a stride-1 dim that is not the
         # last); the kernels need the last dim contiguous.
         q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
-    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic))
+    window_left, window_right = _checks.kernel_window(window_size, bool(causal), k.shape[1])
+    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
+                       window_right)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -80,7 +88,8 @@ def flash_attn_func(
         dropout_p: must be 0.0 (dropout is not implemented yet).
         softmax_scale: scale of QK^T before the softmax; default headdim ** -0.5.
         causal: bottom-right aligned causal mask.
-        window_size: must be (-1, -1) (local attention is not implemented yet).
+        window_size: (left, right) sliding window, -1 for an unbounded side
+            (see the module docstring); (-1, -1) is global attention.
         softcap: must be 0.0 (soft-capping is not implemented yet).
         alibi_slopes: must be None (ALiBi is not implemented yet).
         deterministic: sum dq in a fixed order in the backward (no atomic adds), so
@@ -95,8 +104,8 @@ def flash_attn_func(
     """
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, return_attn_probs,
-                      deterministic)
+    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, window_size,
+                      return_attn_probs, deterministic)
 
 
 def flash_attn_qkvpacked_func(
@@ -119,8 +128,8 @@ def flash_attn_qkvpacked_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=2)
-    return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, return_attn_probs,
-                      deterministic)
+    return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, window_size,
+                      return_attn_probs, deterministic)
 
 
 def flash_attn_kvpacked_func(
@@ -145,5 +154,5 @@ def flash_attn_kvpacked_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_kvpacked(kv)
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, return_attn_probs,
-                      deterministic)
+    return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, window_size,
+                      return_attn_probs, deterministic)

@@ -39,6 +39,7 @@ void expect(bool ok, const char* config, const char* what) {
 // 227 KB. The forward fits all of them; the backward needs sm80 or sm90.
 constexpr int kSmemLimitAllBytes = 99 * 1024;
 constexpr int kSmemLimitSm80Bytes = 163 * 1024;
+constexpr int kSmemLimitSm90Bytes = 227 * 1024;
 
 // Every coordinate of a (rows, cols) tile is produced by exactly one
 // (thread, value) of the partition function `part(thread)`.
@@ -104,7 +105,7 @@ bool word_stores_conflict_free(const Element* base, PartitionOf part) {
 }
 
 template <class Traits>
-void check_fwd_config(const char* config) {
+void check_fwd_config(const char* config, int smem_limit = kSmemLimitAllBytes) {
   using Element = typename Traits::Element;
   constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
   constexpr int kThreads = Traits::kNThreads;
@@ -112,7 +113,7 @@ void check_fwd_config(const char* config) {
   // Shared memory: the three tiles, unpadded, within every target's limit.
   expect(Traits::kSmemBytes == (kM + 2 * kN) * kD * int(sizeof(Element)), config,
          "kSmemBytes is Q + K + V tiles");
-  expect(Traits::kSmemBytes <= kSmemLimitAllBytes, config, "shared memory within 99 KB");
+  expect(Traits::kSmemBytes <= smem_limit, config, "shared memory within its targets' limit");
   expect(cosize(typename Traits::SmemLayoutQ{}) == kM * kD, config, "Q layout is unpadded");
   expect(cosize(typename Traits::SmemLayoutKV{}) == kN * kD, config, "K/V layout is unpadded");
 
@@ -213,12 +214,12 @@ void check_fwd_config(const char* config) {
 // kDqKernel: the tiles of the deterministic mode's dQ kernel, whose shared
 // memory is kSmemDqBytes; otherwise the main kernel's (kSmemBytes).
 template <class Traits, bool kDqKernel = false>
-void check_bwd_config(const char* config) {
+void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) {
   using Element = typename Traits::Element;
   constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
   constexpr int kThreads = Traits::kNThreads;
-  expect((kDqKernel ? Traits::kSmemDqBytes : Traits::kSmemBytes) <= kSmemLimitSm80Bytes, config,
-         "shared memory within 163 KB");
+  expect((kDqKernel ? Traits::kSmemDqBytes : Traits::kSmemBytes) <= smem_limit, config,
+         "shared memory within its targets' limit");
 
   std::vector<Element> q_buf(kM * kD), kv_buf(kN * kD), pds_buf(kM * kN);
   auto sQ = make_tensor(q_buf.data(), typename Traits::SmemLayoutQ{});        // (kM, kD)
@@ -332,42 +333,76 @@ void check_bwd_config(const char* config) {
          config, "staging dQ in shared memory is conflict-free");
 }
 
-// BlockMask: tiles that skip the mask hide nothing, and the backward's
-// masked query blocks of each key block are the prefix m_block_mask_end
-// reports (bwd_kernel.hpp walks them in a loop of their own).
-template <bool kIsCausal, int kM, int kN>
+// BlockMask, checked against the (row, col) visibility rule by brute force:
+// the blocks a query block visits (forward, dQ kernel) and the query blocks
+// a key block visits (backward) include every visible pair; tiles that skip
+// the mask hide nothing; the forward's three loops and the backward's
+// masked prefix and suffix cover every tile that needs the mask.
+template <flashtile::MaskKind kKind, int kM, int kN>
 void check_block_mask(const char* config) {
-  bool skips_only_visible = true, prefix_matches = true;
-  for (int seqlen_q : {1, 63, 64, 65, 130, 257, 700}) {
-    for (int seqlen_k : {1, 63, 64, 65, 130, 257, 700}) {
-      const flashtile::BlockMask<kIsCausal, kM, kN> mask{seqlen_q, seqlen_k};
-      const int m_blocks = (seqlen_q + kM - 1) / kM, n_blocks = (seqlen_k + kN - 1) / kN;
-      auto hidden = [&](int row, int col) {
-        return col >= seqlen_k || (kIsCausal && col > row + seqlen_k - seqlen_q);
-      };
-      for (int m = 0; m < m_blocks; ++m) {
-        for (int n = 0; n < n_blocks; ++n) {
-          if (mask.needs_mask(m, n)) continue;
+  using flashtile::MaskKind;
+  bool visits_all = true, skips_only_visible = true, fwd_loops_mask = true, bwd_ranges_mask = true;
+  std::vector<std::pair<int, int>> windows = {{-1, -1}};
+  if (kKind == MaskKind::kCausal) windows = {{-1, 0}};
+  if (kKind == MaskKind::kLocal) windows = {{0, 0}, {5, 3}, {64, 0}, {100, -1}, {-1, 37}, {0, -1}, {130, 130}, {7, 200}};
+  for (auto window : windows) {
+    const int window_left = window.first, window_right = window.second;
+    for (int seqlen_q : {1, 63, 64, 65, 130, 257, 700}) {
+      for (int seqlen_k : {1, 63, 64, 65, 130, 257, 700}) {
+        const flashtile::BlockMask<kKind, kM, kN> mask(seqlen_q, seqlen_k, window_left, window_right);
+        const int m_blocks = (seqlen_q + kM - 1) / kM, n_blocks = (seqlen_k + kN - 1) / kN;
+        const int off = seqlen_k - seqlen_q;
+        auto hidden = [&](int row, int col) {
+          return col >= seqlen_k || (kKind == MaskKind::kCausal && col > row + off) ||
+                 (window_right >= 0 && col > row + off + window_right) ||
+                 (window_left >= 0 && col < row + off - window_left);
+        };
+        auto block_has_visible = [&](int m, int n) {
+          for (int r = m * kM; r < std::min((m + 1) * kM, seqlen_q); ++r) {
+            for (int c = n * kN; c < std::min((n + 1) * kN, seqlen_k); ++c) {
+              if (!hidden(r, c)) return true;
+            }
+          }
+          return false;
+        };
+        auto block_has_hidden = [&](int m, int n) {
           for (int r = m * kM; r < (m + 1) * kM; ++r) {
-            for (int c = n * kN; c < (n + 1) * kN; ++c) skips_only_visible &= !hidden(r, c);
+            for (int c = n * kN; c < (n + 1) * kN; ++c) {
+              if (hidden(r, c)) return true;
+            }
+          }
+          return false;
+        };
+        for (int m = 0; m < m_blocks; ++m) {
+          const int begin = mask.n_block_begin(m), end = mask.n_block_end(m);
+          const int unmasked_end = end - mask.n_masked_blocks();
+          const int unmasked_begin = std::max(begin, mask.n_block_left_unmasked_begin(m));
+          for (int n = 0; n < n_blocks; ++n) {
+            const bool visited = n >= begin && n < end;
+            if (!visited) visits_all &= !block_has_visible(m, n);
+            if (!mask.needs_mask(m, n)) skips_only_visible &= !block_has_hidden(m, n);
+            // fwd_kernel.hpp: blocks in [unmasked_begin, unmasked_end) run without the mask.
+            if (visited && n >= unmasked_begin && n < unmasked_end) fwd_loops_mask &= !mask.needs_mask(m, n);
+          }
+        }
+        for (int n = 0; n < n_blocks; ++n) {
+          const int m_begin = mask.m_block_begin(n), m_end = std::max(m_begin, mask.m_block_end(n));
+          const int mask_end = mask.m_block_mask_end(n, m_begin, m_end);
+          const int left_begin = mask.m_block_left_mask_begin(n, mask_end, m_end);
+          bwd_ranges_mask &= m_begin <= mask_end && mask_end <= left_begin && left_begin <= m_end;
+          for (int m = 0; m < m_blocks; ++m) {
+            if (m < m_begin || m >= m_end) visits_all &= !block_has_visible(m, n);
+            // bwd_kernel.hpp: query blocks in [mask_end, left_begin) run without the mask.
+            if (m >= mask_end && m < left_begin) bwd_ranges_mask &= !block_has_hidden(m, n);
           }
         }
       }
-      for (int n = 0; n < n_blocks; ++n) {
-        int m_begin = 0;  // as bwd_kernel.hpp: the first query block that sees key block n
-        if (kIsCausal) {
-          const int first_row = n * kN - (seqlen_k - seqlen_q);
-          m_begin = first_row > 0 ? std::min(first_row / kM, m_blocks) : 0;
-        }
-        int prefix_end = m_begin;
-        while (prefix_end < m_blocks && mask.needs_mask(prefix_end, n)) ++prefix_end;
-        for (int m = prefix_end; m < m_blocks; ++m) prefix_matches &= !mask.needs_mask(m, n);
-        prefix_matches &= mask.m_block_mask_end(n, m_begin, m_blocks) == prefix_end;
-      }
     }
   }
+  expect(visits_all, config, "every visible (row, col) is in a visited tile, forward and backward");
   expect(skips_only_visible, config, "tiles without the mask hide no (row, col)");
-  expect(prefix_matches, config, "masked query blocks of a key block are the prefix m_block_mask_end gives");
+  expect(fwd_loops_mask, config, "the forward's mask-free loop gets only tiles that need no mask");
+  expect(bwd_ranges_mask, config, "the backward's mask-free query blocks need no mask");
 }
 
 // bwd_tile_coord: every (block order, head) of a 1-D grid is owned by exactly
@@ -398,24 +433,46 @@ void check_tile_schedule() {
 int main() {
   using flashtile::sm80::FwdTraitsFor;
   using flashtile::sm80::BwdTraits;
-  check_fwd_config<FwdTraitsFor<64, cutlass::half_t>>("fwd d64 fp16");
-  check_fwd_config<FwdTraitsFor<64, cutlass::bfloat16_t>>("fwd d64 bf16");
-  check_fwd_config<FwdTraitsFor<128, cutlass::half_t>>("fwd d128 fp16");
-  check_fwd_config<FwdTraitsFor<128, cutlass::bfloat16_t>>("fwd d128 bf16");
+  // Shared-memory limits: 99 KB runs everywhere (sm80+); 163 KB needs sm80
+  // or sm90; above that, sm90 only.
+  check_fwd_config<FwdTraitsFor<64, false, cutlass::half_t>>("fwd d64 fp16");
+  check_fwd_config<FwdTraitsFor<128, false, cutlass::half_t>>("fwd d128 fp16");
+  check_fwd_config<FwdTraitsFor<32, false, cutlass::bfloat16_t>>("fwd d32");
+  check_fwd_config<FwdTraitsFor<64, false, cutlass::bfloat16_t>>("fwd d64");
+  check_fwd_config<FwdTraitsFor<96, false, cutlass::bfloat16_t>>("fwd d96");
+  check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t>>("fwd d128");
+  check_fwd_config<FwdTraitsFor<192, false, cutlass::bfloat16_t>>("fwd d192");
+  check_fwd_config<FwdTraitsFor<256, false, cutlass::bfloat16_t>>("fwd d256", kSmemLimitSm80Bytes);
+  check_fwd_config<FwdTraitsFor<256, true, cutlass::bfloat16_t>>("fwd d256 causal");
   using flashtile::sm80::BwdConfig;
+  check_bwd_config<BwdTraits<32, cutlass::bfloat16_t, BwdConfig<32, false>>>("bwd d32");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdConfig<64, false>>>("bwd d64");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdConfig<64, true>>>("bwd d64 causal");
+  check_bwd_config<BwdTraits<96, cutlass::bfloat16_t, BwdConfig<96, false>>>("bwd d96");
   check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdConfig<128, false>>>("bwd d128");
+  check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, false>>>("bwd d192");
+  check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdConfig<256, false>>>("bwd d256", kSmemLimitSm90Bytes);
   using flashtile::sm80::BwdDqConfig;
+  check_bwd_config<BwdTraits<32, cutlass::bfloat16_t, BwdDqConfig<32>>, true>("bwd dq-kernel d32");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdDqConfig<64>>, true>("bwd dq-kernel d64");
+  check_bwd_config<BwdTraits<96, cutlass::bfloat16_t, BwdDqConfig<96>>, true>("bwd dq-kernel d96");
   check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdDqConfig<128>>, true>("bwd dq-kernel d128");
+  check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdDqConfig<192>>, true>("bwd dq-kernel d192");
+  check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdDqConfig<256>>, true>("bwd dq-kernel d256",
+                                                                                kSmemLimitSm90Bytes);
   check_tile_schedule();
-  check_block_mask<false, 128, 128>("mask 128x128");
-  check_block_mask<true, 128, 128>("mask causal 128x128");
-  check_block_mask<false, 64, 128>("mask 64x128");
-  check_block_mask<true, 64, 128>("mask causal 64x128");
-  check_block_mask<true, 128, 64>("mask causal 128x64 (forward)");
-  check_block_mask<true, 64, 64>("mask causal 64x64 (dQ kernel)");
+  using flashtile::MaskKind;
+  check_block_mask<MaskKind::kNone, 128, 128>("mask 128x128");
+  check_block_mask<MaskKind::kCausal, 128, 128>("mask causal 128x128");
+  check_block_mask<MaskKind::kLocal, 128, 128>("mask local 128x128");
+  check_block_mask<MaskKind::kNone, 64, 128>("mask 64x128");
+  check_block_mask<MaskKind::kCausal, 64, 128>("mask causal 64x128");
+  check_block_mask<MaskKind::kLocal, 64, 128>("mask local 64x128");
+  check_block_mask<MaskKind::kCausal, 128, 64>("mask causal 128x64 (forward)");
+  check_block_mask<MaskKind::kLocal, 128, 64>("mask local 128x64 (forward)");
+  check_block_mask<MaskKind::kLocal, 128, 128>("mask local 128x128 (forward d32)");
+  check_block_mask<MaskKind::kCausal, 64, 64>("mask causal 64x64 (dQ kernel)");
+  check_block_mask<MaskKind::kLocal, 64, 64>("mask local 64x64 (dQ kernel, d192/256)");
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -31,7 +31,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, bool kIsCausal>
+template <class Traits, MaskKind kMask>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dq_kernel(const __grid_constant__ BwdParams params, const float* dsum) {
   using Element = typename Traits::Element;
@@ -51,14 +51,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int m_blocks = ceil_div(params.seqlen_q, kBlockM);
   const BwdTileCoord tile = bwd_tile_coord(int(blockIdx.x), m_blocks, params.nheads * params.batch,
                                            int64_t(params.seqlen_k) * kHeadDim * (2 + 2));
-  const int m_block = kIsCausal ? m_blocks - 1 - tile.block_order : tile.block_order;
+  const int m_block = kMask == MaskKind::kCausal ? m_blocks - 1 - tile.block_order : tile.block_order;
   const int head = tile.head % params.nheads;
   const int batch = tile.head / params.nheads;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
   const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
   const float scale_log2 = params.softmax_scale * float(M_LOG2E);
-  const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};
+  const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
+                                                params.window_right);
 
   Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q), params.q_batch_stride,
                                              params.q_row_stride, params.q_head_stride, batch, head, params.seqlen_q),
@@ -107,14 +108,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                       in_buffer(tVsV, buf), tKVcKV, kv_rows_valid);
   };
 
-  const int n_block_end = mask.n_block_end(m_block);  // <= 0: no row of this block sees a key
+  const int n_block_begin = mask.n_block_begin(m_block);
+  const int n_block_end = mask.n_block_end(m_block);  // <= n_block_begin: no row of this block sees a key
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), tQcQ, q_rows_valid);
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), tQcQ, q_rows_valid);
   const int64_t row_offset = (int64_t(batch) * params.nheads + head) * params.seqlen_q + m_block * kBlockM;
   using RowCopy = typename Traits::RowCopyAtom;
   load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse, q_rows_valid, tid);
   load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum, q_rows_valid, tid - kBlockM);
-  if (n_block_end > 0) load_key_block(0, 0);
+  if (n_block_end > n_block_begin) load_key_block(n_block_begin, 0);
   cp_async_fence();
 
   typename Traits::TiledMmaSdP mma_sdp;
@@ -148,8 +150,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
   clear(acc_dq);
 
-  for (int n_block = 0; n_block < n_block_end; ++n_block) {
-    const int buf = n_block & 1;
+  for (int n_block = n_block_begin; n_block < n_block_end; ++n_block) {
+    const int buf = (n_block - n_block_begin) & 1;
     cp_async_wait<0>();
     // Key block n_block has landed; every warp has finished the previous
     // one, so the other buffer and dS are free.

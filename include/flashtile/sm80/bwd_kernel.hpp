@@ -2,7 +2,7 @@
 // one block of kBlockN keys of one K/V head and keeps dK and dV for it in
 // registers; it walks every query head of that K/V head's group (GQA: the
 // group's sum accumulates in place, no expanded buffers) and every query
-// block that can see its keys:
+// block that can see its keys (causal and windows skip the others):
 //
 //   load K, V once, and the first query block
 //   for each query head of the group, each visible query block i:
@@ -39,7 +39,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, bool kIsCausal, bool kAccumulateDq>
+template <class Traits, MaskKind kMask, bool kAccumulateDq>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum) {
   using Element = typename Traits::Element;
@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int tid = threadIdx.x;
   const int kv_rows_valid = params.seqlen_k - n_block * kBlockN;
   const float scale_log2 = params.softmax_scale * float(M_LOG2E);
-  const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};
+  const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
+                                                params.window_right);
 
   // This CTA's K and V tiles and its dK, dV outputs.
   Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k), params.k_batch_stride,
@@ -120,22 +121,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // loop, so the mask-free one carries no mask code: with an `if` in one loop
   // ptxas predicates the mask into ~300 instructions issued on every block
   // (19 % of the loop's instructions at d64, counted in the SASS).
-  // Causal: query row i sees key j iff j <= i + seqlen_k - seqlen_q.
-  const int m_block_end = ceil_div(params.seqlen_q, kBlockM);
-  int m_block_begin = 0;
-  if constexpr (kIsCausal) {
-    const int first_row = n_block * kBlockN - (params.seqlen_k - params.seqlen_q);
-    m_block_begin = first_row > 0 ? min(first_row / kBlockM, m_block_end) : 0;
-  }
+  // A window's left edge masks a suffix of each head's blocks too (local
+  // only): those join the masked loop after the prefix.
+  const int m_block_begin = mask.m_block_begin(n_block);
+  const int m_block_end = max(m_block_begin, mask.m_block_end(n_block));
   const int m_block_mask_end = mask.m_block_mask_end(n_block, m_block_begin, m_block_end);
-  const int masked_per_head = m_block_mask_end - m_block_begin;
-  const int unmasked_per_head = m_block_end - m_block_mask_end;
+  const int m_block_left_mask_begin = mask.m_block_left_mask_begin(n_block, m_block_mask_end, m_block_end);
+  const int prefix_per_head = m_block_mask_end - m_block_begin;
+  const int masked_per_head = prefix_per_head + (m_block_end - m_block_left_mask_begin);
+  const int unmasked_per_head = m_block_left_mask_begin - m_block_mask_end;
   const int masked_iterations = group * masked_per_head;
   const int iterations = group * (masked_per_head + unmasked_per_head);
   // Iteration it -> (query head, query block).
   auto query_block_of = [&](int it) {
     if (it < masked_iterations) {
-      return make_tuple(head_k * group + it / masked_per_head, m_block_begin + it % masked_per_head);
+      const int k = it % masked_per_head;
+      int m_block = m_block_begin + k;
+      if constexpr (kMask == MaskKind::kLocal) {
+        if (k >= prefix_per_head) m_block = m_block_left_mask_begin + (k - prefix_per_head);
+      }
+      return make_tuple(head_k * group + it / masked_per_head, m_block);
     }
     const int j = it - masked_iterations;
     return make_tuple(head_k * group + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);

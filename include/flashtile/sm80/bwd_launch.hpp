@@ -15,6 +15,7 @@
 #include "flashtile/sm80/bwd_dq_kernel.hpp"
 #include "flashtile/sm80/bwd_kernel.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
+#include "flashtile/sm80/device.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 
@@ -34,27 +35,24 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
 }
 
 // The backward with explicit tile traits: Traits for the main kernel,
-// DqTraits for the deterministic mode's dQ kernel. kIsCausal must match
+// DqTraits for the deterministic mode's dQ kernel. kMask must be what
+// resolve_mask() makes of params' causal flag and window
 // params.causal. Returns kUnsupportedDevice, before any launch, when the
 // current GPU's shared memory per block is too small for the kernels.
-template <class Traits, class DqTraits, bool kIsCausal>
-Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
+template <class Traits, class DqTraits, MaskKind kMask>
+Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(std::is_same_v<Element, typename DqTraits::Element> && kHeadDim == DqTraits::kHeadDim);
   // can_implement_bwd bounds the 1-D grids counting blocks of 64 rows.
   static_assert(Traits::kBlockN % 64 == 0 && DqTraits::kBlockM % 64 == 0);
-  if (params.causal != kIsCausal) return Status::kInvalidArgument;
-  // sm86, sm89 and sm120 offer 99 KB per block; checked here so such a GPU
-  // gets a named Status instead of a failed launch.
-  int device = 0, smem_per_block = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return Status::kCudaError;
-  }
-  const int smem_needed = params.deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
-                                               : Traits::kSmemBytes;
-  if (smem_per_block < smem_needed) return Status::kUnsupportedDevice;
+  BwdParams params = params_in;  // with causal folded into the window
+  if (resolve_mask(params.causal, params.window_left, params.window_right) != kMask) return Status::kInvalidArgument;
+  // sm86, sm89 and sm120 offer 99 KB per block, sm80 163 KB; checked here
+  // so such a GPU gets a named Status instead of a failed launch.
+  const Status fits = check_smem_per_block(params.deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
+                                                                : Traits::kSmemBytes);
+  if (fits != Status::kSuccess) return fits;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   const float* dsum = ws.dsum;
   const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
@@ -69,17 +67,17 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
   const dim3 dkdv_grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   if (params.deterministic) {
     // No dQ accumulator in this mode (the kernel variant never touches it).
-    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, false>, dkdv_grid,
+    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, false>, dkdv_grid,
                                                            Traits::kNThreads, stream, params,
                                                            static_cast<float*>(nullptr), dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
-    err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kIsCausal>, dq_grid,
+    err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kMask>, dq_grid,
                                                    DqTraits::kNThreads, stream, params, dsum);
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
 
-  if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kIsCausal, true>, dkdv_grid, Traits::kNThreads,
+  if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, true>, dkdv_grid, Traits::kNThreads,
                                            stream, params, ws.dq_accum, dsum) != cudaSuccess) {
     return Status::kCudaError;
   }
@@ -93,10 +91,18 @@ Status run_bwd_with(const BwdParams& params, cudaStream_t stream) {
 template <int kHeadDim, class Element>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   using DqTraits = BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>;
-  return params.causal
-             ? run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, true>(params, stream)
-             : run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, false>>, DqTraits, false>(params,
-                                                                                                      stream);
+  int window_left = params.window_left, window_right = params.window_right;
+  switch (resolve_mask(params.causal, window_left, window_right)) {
+    case MaskKind::kNone:
+      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, false>>, DqTraits, MaskKind::kNone>(
+          params, stream);
+    case MaskKind::kCausal:
+      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kCausal>(
+          params, stream);
+    default:
+      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kLocal>(
+          params, stream);
+  }
 }
 
 }  // namespace flashtile::sm80

@@ -31,13 +31,11 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
   for (int mi = 0; mi < size<0>(s); ++mi) {
     const int row = get<0>(rc(mi, 0));
     // A row that saw no key in the forward has lse = −inf and every score
-    // masked; +inf keeps its P at exp2(−inf) = 0 instead of NaN. A row with a
-    // +inf score has lse = +inf and a NaN softmax (the reference's too): NaN
-    // keeps all of its P NaN, not just the +inf columns'.
+    // masked; +inf keeps its P at exp2(−inf) = 0 instead of NaN. (A row with a
+    // +inf score has lse = +inf: its P is NaN at the +inf scores and 0 at the
+    // others, as in tests/reference.py.)
     const float row_lse = lse[row];
-    const float row_lse_log2 = row_lse == -INFINITY  ? INFINITY
-                               : row_lse == INFINITY ? NAN
-                                                     : row_lse * float(M_LOG2E);
+    const float row_lse_log2 = row_lse == -INFINITY ? INFINITY : row_lse * float(M_LOG2E);
     const float row_dsum = dsum[row];
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) {

@@ -2,10 +2,10 @@
 // ldmatrix). One CTA computes one (query block, head, batch) tile of O:
 //
 //   load Q block; load K[last]
-//   for each visible key block n, last to first:
+//   for each visible key block n, last to first (blocks outside a window skipped):
 //     wait K[n]; start loading V[n]
 //     S = Q·K[n]ᵀ                        (registers, never written out)
-//     mask S if the tile straddles the diagonal or seqlen_k
+//     mask S if the tile straddles the diagonal, a window edge or seqlen_k
 //     wait V[n]; start loading K[n−1]
 //     online softmax: P = exp2(S·c − m·c), rescale O where m moved
 //     O += P·V[n]                          (P used from registers)
@@ -29,7 +29,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, bool kIsCausal>
+template <class Traits, MaskKind kMask>
 __global__ void __launch_bounds__(Traits::kNThreads)
     fwd_kernel(const __grid_constant__ FwdParams params) {
   using Element = typename Traits::Element;
@@ -46,12 +46,13 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
   // Causal: later query blocks visit more key blocks. Launching them first
   // (longest-first) keeps the grid's last wave short.
-  const int m_block = kIsCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int m_block = kMask == MaskKind::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
-  const BlockMask<kIsCausal, kBlockM, kBlockN> mask{params.seqlen_q, params.seqlen_k};
+  const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
+                                                params.window_right);
   const int rows_valid = params.seqlen_q - m_block * kBlockM;
 
   // Global tensors of this (batch, head), then this CTA's tiles.
@@ -86,8 +87,9 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (CPY, CPY_M, CPY_K)
   Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (CPY, CPY_M, CPY_K)
 
+  const int n_block_begin = mask.n_block_begin(m_block);
   const int n_block_end = mask.n_block_end(m_block);
-  if (n_block_end <= 0) {
+  if (n_block_end <= n_block_begin) {
     // No row of this block sees a key: out = 0, lse = −inf.
     Tensor tOrO = make_fragment_like(tOgO);  // (CPY, CPY_M, CPY_K)
     clear(tOrO);
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
     cp_async_wait<0>();
     __syncthreads();  // V[n] landed; every warp is done reading K[n]
-    if (n_block > 0) {
+    if (n_block > n_block_begin) {
       // Only the last key block can be partial, so no row guard here.
       copy(gmem_copy_QKV, tKgK(_, _, _, n_block - 1), tKsK);
       cp_async_fence();
@@ -186,11 +188,25 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   // seqlen 16k, TFLOP/s, one loop -> two): d64 329 -> 337, causal 306 -> 338;
   // d128 353 -> 382, causal 317 -> 337 (benchmarks/NOTES.md).
   const int n_block_unmasked_end = n_block_end - mask.n_masked_blocks();
-  for (; n_block >= 0 && n_block >= n_block_unmasked_end; --n_block) {
-    process_key_block(n_block, cute::true_type{});
-  }
-  for (; n_block >= 0; --n_block) {
-    process_key_block(n_block, cute::false_type{});
+  if constexpr (kMask != MaskKind::kLocal) {
+    for (; n_block >= 0 && n_block >= n_block_unmasked_end; --n_block) {
+      process_key_block(n_block, cute::true_type{});
+    }
+    for (; n_block >= 0; --n_block) {
+      process_key_block(n_block, cute::false_type{});
+    }
+  } else {
+    // A window's left edge masks the first blocks (visited last) too. One
+    // loop with both bodies: a third call site of the lambda was not inlined
+    // (2.2 KB of stack, the accumulators in local memory).
+    const int n_block_unmasked_begin = mask.n_block_left_unmasked_begin(m_block);
+    for (; n_block >= n_block_begin; --n_block) {
+      if (n_block >= n_block_unmasked_end || n_block < n_block_unmasked_begin) {
+        process_key_block(n_block, cute::true_type{});
+      } else {
+        process_key_block(n_block, cute::false_type{});
+      }
+    }
   }
 
   // Epilogue: normalize, stage O through shared memory for 16-byte stores.

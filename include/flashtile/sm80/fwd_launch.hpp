@@ -1,20 +1,27 @@
 // Host launcher for the SM80 forward kernel of one (head dim, dtype). The
-// causal flag picks one of two instantiations; everything else is runtime.
+// mask kind (none, causal, local window) picks one of three instantiations;
+// everything else is runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/device.hpp"
 #include "flashtile/sm80/fwd_kernel.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 #include "flashtile/status.hpp"
 
 namespace flashtile::sm80 {
 
-template <class Traits, bool kIsCausal>
+template <class Traits, MaskKind kMask>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  auto* kernel = &fwd_kernel<Traits, kIsCausal>;
+  auto* kernel = &fwd_kernel<Traits, kMask>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
+  if constexpr (kSmemBytes > 99 * 1024) {
+    // Head dim 256's 128 KB: more than sm86, sm89 and sm120 offer.
+    const Status fits = check_smem_per_block(kSmemBytes);
+    if (fits != Status::kSuccess) return fits;
+  }
   if constexpr (kSmemBytes > 48 * 1024) {
     // Above 48 KB a kernel must opt in to the larger dynamic shared memory.
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
@@ -31,9 +38,15 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
 // can_implement_fwd(params) passed.
 template <int kHeadDim, class Element>
 Status run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdTraitsFor<kHeadDim, Element>;
-  return params.causal ? launch_fwd<Traits, true>(params, stream)
-                       : launch_fwd<Traits, false>(params, stream);
+  FwdParams p = params;  // with causal folded into the window
+  switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
+    case MaskKind::kNone:
+      return launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone>(p, stream);
+    case MaskKind::kCausal:
+      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kCausal>(p, stream);
+    default:  // windows: the causal tiles (short rows)
+      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kLocal>(p, stream);
+  }
 }
 
 }  // namespace flashtile::sm80

@@ -24,33 +24,41 @@ using namespace cute;
 // Measured on the H200 (bf16, seqlen 16k, benchmarks/NOTES.md): d64 128×64
 // beats FlashAttention-2's 128×128 (329 vs 290 TFLOP/s; S needs half the
 // registers); d128 128×64 beats 128×32 (382 vs 358), 64×64 and 8 warps.
-template <int kHeadDim>
+template <int kHeadDim, bool kIsCausal>
 struct FwdConfig;
-template <>
-struct FwdConfig<64> {
+template <bool kIsCausal>
+struct FwdConfig<64, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
-template <>
-struct FwdConfig<128> {
+template <bool kIsCausal>
+struct FwdConfig<128, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
-template <>
-struct FwdConfig<32> {
+template <bool kIsCausal>
+struct FwdConfig<32, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
 };
-template <>
-struct FwdConfig<96> {
+template <bool kIsCausal>
+struct FwdConfig<96, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
 };
 // 192 and 256: 8 warps of 16 rows, so the O accumulator is 96 and 128 floats
 // a thread.
-template <>
-struct FwdConfig<192> {
+template <bool kIsCausal>
+struct FwdConfig<192, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
 };
 template <>
-struct FwdConfig<256> {
+struct FwdConfig<256, false> {
   static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8;
+};
+// Causal 256: 64 × 64 with 4 warps, two CTAs an SM. Against 128 × 64 with 8
+// warps (H200, bf16, TFLOP/s at 1k / 4k / 16k): 260 / 297 / 334 vs 239 / 296
+// / 357; the short, unequal causal rows leave the 8-warp CTAs' last wave
+// half empty at 1k, where FlashAttention-2 (128 × 64) was 246.
+template <>
+struct FwdConfig<256, true> {
+  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
 };
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
@@ -97,8 +105,8 @@ struct FwdTraits {
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
-template <int kHeadDim, class Element>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim>::kBlockM, FwdConfig<kHeadDim>::kBlockN,
-                               FwdConfig<kHeadDim>::kNWarps, Element>;
+template <int kHeadDim, bool kIsCausal, class Element>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, kIsCausal>::kBlockM, FwdConfig<kHeadDim, kIsCausal>::kBlockN,
+                               FwdConfig<kHeadDim, kIsCausal>::kNWarps, Element>;
 
 }  // namespace flashtile::sm80
