@@ -457,16 +457,18 @@ def test_public_functions_pass_deterministic_to_the_op(monkeypatch, func, determ
     assert seen == [deterministic]
 
 
+@pytest.mark.parametrize("window", [None, (7, 0)], ids=["window_defaulted", "window_passed"])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_autograd_context_passes_deterministic_to_bwd(monkeypatch, deterministic):
-    """flashtile::fwd's setup_context saves the flag and its backward calls
-    flashtile::bwd with it (the registered functions called directly, on fake
-    tensors: autograd itself needs a GPU here)."""
+def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, window):
+    """flashtile::fwd's setup_context saves deterministic and the window (the
+    inputs torch hands it hold only the arguments the caller passed) and its
+    backward calls flashtile::bwd with them (the registered functions called
+    directly, on fake tensors: autograd itself needs a GPU here)."""
     seen = []
     real_bwd = _ops.bwd
 
     def spy(*args):
-        seen.append(args[-1])
+        seen.append(args[8:])
         return real_bwd(*args)
 
     class Ctx:
@@ -477,23 +479,25 @@ def test_autograd_context_passes_deterministic_to_bwd(monkeypatch, deterministic
             self.saved_tensors = tensors
 
     monkeypatch.setattr(_ops, "bwd", spy)
+    extra = () if window is None else window
     with FakeTensorMode():
         q, k, v = make_qkv(2, 9, 11, nheads=4, nheads_k=2, device="cuda")
-        out, lse = torch.ops.flashtile.fwd(q, k, v, 0.5, True, deterministic)
+        out, lse = torch.ops.flashtile.fwd(q, k, v, 0.5, True, deterministic, *extra)
         ctx = Ctx()
-        _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic), (out, lse))
+        _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic, *extra), (out, lse))
         grads = _ops._fwd_backward(ctx, torch.ones_like(out), None)
-    assert seen == [deterministic]
-    assert len(grads) == 6 and grads[3:] == (None, None, None)
+    assert seen == [(deterministic, *(window or (-1, -1)))]
+    assert len(grads) == 8 and grads[3:] == (None,) * 5
     assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
 
 
-def test_custom_ops_default_to_the_atomic_backward():
-    """deterministic has a default on both ops, so their five-argument form
-    (the README's torch.ops.flashtile.fwd(q, k, v, scale, causal)) still works."""
+def test_custom_ops_default_to_the_atomic_backward_without_a_window():
+    """deterministic and the window have defaults on both ops, so their
+    five-argument form (the README's torch.ops.flashtile.fwd(q, k, v, scale,
+    causal)) still works."""
     for op in (torch.ops.flashtile.fwd.default, torch.ops.flashtile.bwd.default):
-        argument = op._schema.arguments[-1]
-        assert argument.name == "deterministic" and argument.default_value is False, op._schema
+        defaults = {a.name: a.default_value for a in op._schema.arguments[-3:]}
+        assert defaults == {"deterministic": False, "window_left": -1, "window_right": -1}, op._schema
 
 
 # --------------------------------------------------------------------------

@@ -148,7 +148,11 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=Fals
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, deterministic, window_left, window_right = inputs
+    # `inputs` holds the arguments the caller passed: the trailing defaulted
+    # ones (deterministic, window_left, window_right) may be missing.
+    defaults = (False, -1, -1)
+    q, k, v, softmax_scale, causal, deterministic, window_left, window_right = (
+        *inputs, *defaults[len(inputs) - 5:])
     out, lse = output
     ctx.mark_non_differentiable(lse)
     # Only these: the backward recomputes P from q, k and the row logsumexp.
@@ -163,7 +167,7 @@ def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
                      ctx.deterministic, *ctx.window)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None  # extra Nones past the passed inputs are allowed
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
