@@ -2,7 +2,7 @@
 // problems, forward then backward (default and deterministic), for
 // compute-sanitizer (tests/sanitizer/run.sh): odd seqlens on both sides, GQA,
 // causal with seqlen_q > seqlen_k (rows that see no key) and the reverse,
-// strided (padded) rows. It checks each Status and each kernel's error, and
+// sliding windows, strided (padded) rows. It checks each Status and each kernel's error, and
 // prints one line per problem; the numerics are the Python tests' job.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -17,6 +17,7 @@ namespace {
 struct Problem {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k;
   bool causal;
+  int window_left = -1, window_right = -1;
 };
 
 // Fills n 2-byte elements with small pseudo-random values (a hash of the
@@ -82,6 +83,7 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   f.batch = pr.batch, f.nheads = pr.nheads, f.nheads_k = pr.nheads_k;
   f.seqlen_q = pr.seqlen_q, f.seqlen_k = pr.seqlen_k, f.head_dim = d;
   f.softmax_scale = 0.125f, f.causal = pr.causal, f.dtype = key.dtype;
+  f.window_left = pr.window_left, f.window_right = pr.window_right;
   bool ok = check("fwd", flashtile::fwd(f, nullptr));
 
   flashtile::BwdParams b;
@@ -98,6 +100,7 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   b.batch = pr.batch, b.nheads = pr.nheads, b.nheads_k = pr.nheads_k;
   b.seqlen_q = pr.seqlen_q, b.seqlen_k = pr.seqlen_k, b.head_dim = d;
   b.softmax_scale = f.softmax_scale, b.causal = pr.causal, b.deterministic = deterministic, b.dtype = key.dtype;
+  b.window_left = pr.window_left, b.window_right = pr.window_right;
   void* workspace = nullptr;
   cudaMalloc(&workspace, flashtile::bwd_workspace_bytes(b));
   b.workspace = workspace;
@@ -114,6 +117,8 @@ int main() {
       {2, 17, 33, 4, 2, false}, {2, 17, 33, 4, 2, true},     // short, GQA, seqlen_q < seqlen_k
       {1, 130, 67, 2, 1, true},                              // rows that see no key
       {1, 257, 129, 4, 4, false}, {1, 129, 257, 4, 4, true},  // several blocks, partial last ones
+      {1, 257, 129, 4, 2, false, 40, 7},                      // sliding window, rows that see no key
+      {1, 129, 257, 4, 4, true, 64},                          // causal window
   };
   int runs = 0, failures = 0;
   uint32_t seed = 1;
@@ -121,9 +126,10 @@ int main() {
     if (key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype)
     for (const Problem& pr : problems) {
       for (bool deterministic : {false, true}) {
-        std::printf("hdim %d %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d deterministic %d\n",
+        std::printf("hdim %d %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d window (%d, %d) "
+                    "deterministic %d\n",
                     key.head_dim, flashtile::dtype_name(key.dtype), pr.batch, pr.seqlen_q, pr.seqlen_k,
-                    pr.nheads, pr.nheads_k, int(pr.causal), int(deterministic));
+                    pr.nheads, pr.nheads_k, int(pr.causal), pr.window_left, pr.window_right, int(deterministic));
         ++runs;
         if (!run(key, pr, deterministic, seed)) ++failures;
         seed += 16;
