@@ -12,8 +12,10 @@ every row's window are never visited; this is the benchmark that shows it.
     python3 benchmarks/bench_window.py --windows 256 --hdim 64 --out benchmarks/results/h200-window.csv
 
 Check before timing: flashtile's forward output and LSE on a block of query
-rows (first and last 128 rows of batch 0, all heads) and its dq, dk, dv for
-one (batch, head) are compared with float64 attention under the same window,
+rows (first and last 128 rows of batch 0, all heads) and its dq, dk, dv on a
+problem of one (batch, head) of the same seqlen are compared with float64
+attention under the same window (causal rows too; SDPA's are checked by
+bench_attention.py),
 by FlashAttention's rule (error <= 2 x PyTorch's own error in the input dtype
 + the rounding of the exact result); a case that misses it is reported FAIL
 and not timed. FLOPs count the (query, key) pairs actually attended
@@ -103,10 +105,13 @@ def main(argv=None) -> int:
         torch.manual_seed(seqlen)
         q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dtype) for _ in range(3))
         dout = torch.randn_like(q)
-        cases = [("flashtile", w, (w, 0)) for w in args.windows] + [("flashtile", -1, (-1, 0)), ("sdpa_flash", -1, None)]
+        # A window of seqlen or more keys is causal attention (flash_attn's
+        # normalization): those cases are the causal row.
+        cases = [("flashtile", w, (w, 0)) for w in args.windows if w < seqlen]
+        cases += [("flashtile", -1, (-1, 0)), ("sdpa_flash", -1, None)]
         for impl, w, window in cases:
             pairs = attended_pairs(seqlen, seqlen if w < 0 else w) * batch * nheads
-            if impl == "flashtile" and w >= 0:
+            if impl == "flashtile":
                 wrong = check(q, k, v, dout, window)
                 if wrong:
                     print(f"{impl:>16} {w:>6} {seqlen:>6} FAIL: {wrong}")

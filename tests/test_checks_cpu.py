@@ -281,6 +281,32 @@ def test_head_dims_up_to_256_pass_to_the_device_check(head_dim):
         flashtile.flash_attn_func(q, k, v)
 
 
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_seqlen_above_the_mask_arithmetic_bound_rejected(which):
+    """Rows of q or k beyond 2^29 (kMaxSeqlen: the mask's int arithmetic) are
+    refused by name; a stride-0 view stands in for the 8 GiB tensor."""
+    huge = torch.empty(1, 1, 1, 8, dtype=torch.bfloat16).expand(1, 2**29 + 1, 1, 8)
+    small = torch.empty(1, 5, 1, 8, dtype=torch.bfloat16)
+    args = (huge, small, small) if which == "q" else (small, huge, huge)
+    with raises(ValueError, f"{which}: seqlen 536870913 is above the supported 536870912"):
+        flashtile.flash_attn_func(*args)
+
+
+@pytest.mark.parametrize("window_size, causal, seqlen_k, expected", [
+    ((-1, -1), False, 100, (-1, -1)),
+    ((-1, -1), True, 100, (-1, 0)),
+    ((100, 100), False, 100, (-1, -1)),     # a side of seqlen_k or more is unbounded
+    ((99, 3), False, 100, (99, 3)),
+    ((10, 7), True, 100, (10, 0)),          # causal sets the right side to 0
+    ((-1, 9), True, 100, (-1, 0)),          # which is plain causal
+    ((0, -1), False, 130, (0, 130)),        # flash_attn: a bounded left makes right seqlen_k
+    ((100, 200), False, 130, (100, 130)),   # 200 -> -1 -> seqlen_k
+    ((-1, 5), False, 100, (-1, 5)),         # flash_attn's left = seqlen_k here is the same as -1
+])
+def test_kernel_window_is_flash_attns(window_size, causal, seqlen_k, expected):
+    assert _checks.kernel_window(window_size, causal, seqlen_k) == expected
+
+
 def test_kernel_head_dim_is_the_next_one_up():
     dims = (1, 32, 33, 64, 65, 96, 97, 128, 129, 192, 193, 256)
     assert [_checks.kernel_head_dim(d) for d in dims] == [32, 32, 64, 64, 96, 96, 128, 128, 192, 192, 256, 256]

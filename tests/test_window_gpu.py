@@ -36,12 +36,30 @@ def rand_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype):
     return tuple(torch.randn(s, device="cuda", dtype=dtype, requires_grad=True) for s in shapes)
 
 
+def flash_attn_window(window_size, causal, seqlen_k):
+    """The window flash_attn 2.x's kernels apply, step by step as its C++ does
+    (mha_fwd, then set_params_fprop), written out here independently of
+    flashtile's _checks.kernel_window."""
+    left, right = window_size
+    if left >= seqlen_k:
+        left = -1
+    if right >= seqlen_k:
+        right = -1
+    if causal:
+        right = 0
+    if left < 0 and right >= 0:
+        left = seqlen_k
+    if left >= 0 and right < 0:
+        right = seqlen_k
+    return left, right
+
+
 def check_window(q, k, v, window_size, causal, deterministic=False):
-    """out, lse, dq, dk, dv of flashtile against the reference with the window
-    flashtile's Python layer hands the kernels (flash_attn's normalization)."""
+    """out, lse, dq, dk, dv of flashtile against the reference under the
+    window flash_attn would apply."""
     out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
                                             deterministic=deterministic, return_attn_probs=True)
-    kernel_window = _checks.kernel_window(window_size, causal, k.shape[1])
+    kernel_window = flash_attn_window(window_size, causal, k.shape[1])
     ref_out, ref_lse = attention_ref(q.detach(), k.detach(), v.detach(), causal=causal,
                                      window_size=kernel_window)
     pt_out, pt_lse = attention_ref(q.detach(), k.detach(), v.detach(), causal=causal,
@@ -92,19 +110,26 @@ def test_rows_whose_window_is_empty():
     assert (dq[:, :250] == 0).all()
 
 
-def test_window_matches_an_explicit_masked_reference_of_flash_attn_semantics():
-    """flash_attn's normalization: a side of seqlen_k or more is unbounded
-    (so (seqlen_k, seqlen_k) is global attention), and causal sets the
-    right side to 0."""
+def test_window_normalization_as_flash_attn():
+    """A side of seqlen_k or more is unbounded, so (seqlen_k, seqlen_k) is
+    global attention and runs the mask-free kernel; (-1, 0) and causal with
+    any right side are causal; and a bounded left side makes an unbounded
+    right side seqlen_k, which with seqlen_q > seqlen_k + 1 hides keys: with
+    (0, -1), seqlen_q 700 and seqlen_k 130, row i sees keys i - 570 .. i - 440."""
     require_built(128, "bf16")
     q, k, v = rand_qkv(1, 200, 200, 2, 2, 128, torch.bfloat16)
-    assert _checks.kernel_window((200, 500), False, 200) == (-1, -1)
-    assert _checks.kernel_window((10, 7), True, 200) == (10, 0)
     global_out = flashtile.flash_attn_func(q, k, v)
     assert torch.equal(flashtile.flash_attn_func(q, k, v, window_size=(200, 200)), global_out)
     causal_out = flashtile.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(flashtile.flash_attn_func(q, k, v, window_size=(-1, 0)), causal_out)
     assert torch.equal(flashtile.flash_attn_func(q, k, v, causal=True, window_size=(-1, 9)), causal_out)
+    q, k, v = rand_qkv(1, 700, 130, 2, 2, 128, torch.bfloat16)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, window_size=(0, -1), return_attn_probs=True)
+    ref_out, ref_lse = attention_ref(q.detach(), k.detach(), v.detach(), window_size=(0, 130))
+    pt_out, pt_lse = attention_ref(q.detach(), k.detach(), v.detach(), window_size=(0, 130), upcast=False)
+    assert_close_fa_rule(out, ref_out, pt_out, "out")
+    assert_close_fa_rule(lse, ref_lse, pt_lse, "lse")
+    assert torch.isneginf(lse[0, :, :440]).all() and torch.isfinite(lse[0, :, 440:]).all()
 
 
 def test_window_through_packed_functions_and_repeatable():

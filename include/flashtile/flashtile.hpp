@@ -70,6 +70,10 @@ inline bool non_overlapping(int64_t batch, int64_t rows, int64_t heads, int64_t 
   return true;
 }
 
+// Rows of q and of k each: the mask arithmetic (common/mask.hpp) adds a few
+// seqlens and windows capped at seqlen_q + seqlen_k in int.
+constexpr int kMaxSeqlen = 1 << 29;
+
 // The backward kernels' grids are 1-D: blocks of rows × heads × batch,
 // counted here with 64-row blocks (the smallest tile), within CUDA's
 // gridDim.x limit.
@@ -81,7 +85,8 @@ inline int64_t grid_blocks(int64_t rows, int64_t heads, int64_t batch) {
 // Checks everything the kernels assume about params, without touching the GPU.
 inline Status can_implement_fwd(const FwdParams& p) {
   if (!p.q || !p.k || !p.v || !p.out || !p.lse) return Status::kInvalidArgument;
-  if (p.batch < 1 || p.nheads < 1 || p.nheads_k < 1 || p.seqlen_q < 1 || p.seqlen_k < 1) {
+  if (p.batch < 1 || p.nheads < 1 || p.nheads_k < 1 || p.seqlen_q < 1 || p.seqlen_k < 1 ||
+      p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
     return Status::kInvalidArgument;
   }
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;
@@ -114,7 +119,8 @@ inline Status can_implement_bwd(const BwdParams& p) {
       !p.workspace) {
     return Status::kInvalidArgument;
   }
-  if (p.batch < 1 || p.nheads < 1 || p.nheads_k < 1 || p.seqlen_q < 1 || p.seqlen_k < 1) {
+  if (p.batch < 1 || p.nheads < 1 || p.nheads_k < 1 || p.seqlen_q < 1 || p.seqlen_k < 1 ||
+      p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
     return Status::kInvalidArgument;
   }
   if (p.nheads % p.nheads_k != 0) return Status::kInvalidArgument;

@@ -74,6 +74,7 @@ __all__ = [
 
 
 _MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z (the forward's heads, batch)
+_MAX_SEQLEN = 1 << 29  # kMaxSeqlen in flashtile.hpp: the mask arithmetic stays within int
 # The backward's grids are 1-D: blocks of 64 rows (the smallest tile) × heads
 # × batch, within CUDA's gridDim.x limit (flashtile.hpp's grid_blocks).
 _MAX_GRID_BLOCKS = 2**31 - 1
@@ -222,13 +223,23 @@ def check_options(
 
 
 def kernel_window(window_size, causal: bool, seqlen_k: int) -> tuple[int, int]:
-    """The (left, right) window the kernels get, as flash_attn 2.x makes it:
-    a side of seqlen_k or more is unbounded (-1), and causal makes the right
-    side 0. (The kernels fold causal in the same way.)"""
+    """The (left, right) window the kernels get, as flash_attn 2.x makes it
+    (mha_fwd, then set_params_fprop): a side of seqlen_k or more becomes -1;
+    causal makes the right side 0; then, with the left side bounded, a right
+    side of -1 becomes seqlen_k. That last step matters when seqlen_q >
+    seqlen_k + 1: row i then sees keys up to i + 2 * seqlen_k - seqlen_q, not
+    all of them. (flash_attn also turns an unbounded left side into
+    seqlen_k when the right one is bounded; row i's left edge is then
+    i - seqlen_q < 0, the same as unbounded, so it stays -1 here and plain
+    causal keeps its own kernel.)"""
     left, right = (int(w) for w in window_size)
     left = -1 if left >= seqlen_k else left
     right = -1 if right >= seqlen_k else right
-    return left, 0 if causal else right
+    if causal:
+        right = 0
+    if left >= 0 and right < 0:
+        right = seqlen_k
+    return left, right
 
 
 # --------------------------------------------------------------------------
@@ -366,6 +377,10 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
             f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
         )
 
+    for n, t, seqlen in ((nq, q, seqlen_q), (nk, k, seqlen_k)):
+        if seqlen > _MAX_SEQLEN:
+            raise ValueError(f"{n}: seqlen {seqlen} is above the supported {_MAX_SEQLEN}, "
+                             f"got shape {_fmt_shape(t)}")
     # The forward's grid puts heads on y and batch on z, each at most 65535.
     if batch > _MAX_GRID_YZ:
         raise ValueError(f"{nq}: batch size {batch} is above the supported {_MAX_GRID_YZ}, "

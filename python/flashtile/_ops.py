@@ -148,8 +148,9 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=Fals
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    # `inputs` holds the arguments the caller passed: the trailing defaulted
-    # ones (deterministic, window_left, window_right) may be missing.
+    # Older torch (2.11) hands over only the arguments the caller passed, so
+    # the trailing defaulted ones (deterministic, window_left, window_right)
+    # may be missing; newer torch (2.13) fills them in.
     defaults = (False, -1, -1)
     q, k, v, softmax_scale, causal, deterministic, window_left, window_right = (
         *inputs, *defaults[len(inputs) - 5:])

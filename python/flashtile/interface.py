@@ -15,8 +15,9 @@ in flash_attn. Larger head dims raise ValueError.
 ``window_size=(left, right)`` is local (sliding-window) attention, aligned to
 the bottom-right corner like causal: query row i sees keys j with
 i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, a side
-unbounded when -1 (or, as in flash_attn, when it is seqlen_k or more);
-causal=True sets right to 0. Key blocks outside every row's window are never
+unbounded when -1. As in flash_attn: a side of seqlen_k or more counts as -1,
+causal=True sets right to 0, and with left bounded an unbounded right side
+means seqlen_k (which hides keys only when seqlen_q > seqlen_k + 1). Key blocks outside every row's window are never
 visited, and a row whose window holds no key gets output 0 and logsumexp -inf.
 
 Arguments flashtile does not implement yet (dropout, softcap, ALiBi) are

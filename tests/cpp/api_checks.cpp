@@ -109,6 +109,8 @@ int main() {
   }
   expect_refused<Fwd>("fwd: softmax_scale 0", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.softmax_scale = 0.f; }, valid_fwd());
+  expect_refused<Fwd>("fwd: seqlen_k above kMaxSeqlen", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.seqlen_k = flashtile::kMaxSeqlen + 1; }, valid_fwd());
   expect_refused<Fwd>("fwd: window_left -2", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.window_left = -2; }, valid_fwd());
   expect_refused<Fwd>("fwd: head_dim 80", Status::kUnsupportedHeadDim, fwd_check,
@@ -146,6 +148,8 @@ int main() {
                       [](Bwd& p) { p.dk_row_stride = 0; }, valid_bwd());
   expect_refused<Bwd>("bwd: dq batches overlap", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.dq_batch_stride = 8 * 64; }, valid_bwd());
+  expect_refused<Bwd>("bwd: seqlen_q above kMaxSeqlen", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.seqlen_q = flashtile::kMaxSeqlen + 1; }, valid_bwd());
   expect_refused<Bwd>("bwd: window_right -3", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.window_right = -3; }, valid_bwd());
   expect_refused<Bwd>("bwd: head_dim 264", Status::kUnsupportedHeadDim, bwd_check,

@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -341,10 +342,15 @@ void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) 
 template <flashtile::MaskKind kKind, int kM, int kN>
 void check_block_mask(const char* config) {
   using flashtile::MaskKind;
-  bool visits_all = true, skips_only_visible = true, fwd_loops_mask = true, bwd_ranges_mask = true;
+  bool visits_all = true, skips_only_visible = true, fwd_loops_mask = true, bwd_ranges_mask = true,
+       in_range = true;
   std::vector<std::pair<int, int>> windows = {{-1, -1}};
   if (kKind == MaskKind::kCausal) windows = {{-1, 0}};
-  if (kKind == MaskKind::kLocal) windows = {{0, 0}, {5, 3}, {64, 0}, {100, -1}, {-1, 37}, {0, -1}, {130, 130}, {7, 200}};
+  // The last three would overflow int sums unless BlockMask caps them.
+  if (kKind == MaskKind::kLocal) {
+    windows = {{0, 0}, {5, 3}, {64, 0}, {100, -1}, {-1, 37}, {0, -1}, {130, 130}, {7, 200},
+               {0, INT_MAX}, {INT_MAX, 0}, {INT_MAX - 1, 3}};
+  }
   for (auto window : windows) {
     const int window_left = window.first, window_right = window.second;
     for (int seqlen_q : {1, 63, 64, 65, 130, 257, 700}) {
@@ -352,10 +358,11 @@ void check_block_mask(const char* config) {
         const flashtile::BlockMask<kKind, kM, kN> mask(seqlen_q, seqlen_k, window_left, window_right);
         const int m_blocks = (seqlen_q + kM - 1) / kM, n_blocks = (seqlen_k + kN - 1) / kN;
         const int off = seqlen_k - seqlen_q;
-        auto hidden = [&](int row, int col) {
-          return col >= seqlen_k || (kKind == MaskKind::kCausal && col > row + off) ||
-                 (window_right >= 0 && col > row + off + window_right) ||
-                 (window_left >= 0 && col < row + off - window_left);
+        auto hidden = [&](int row, int col) {  // in 64 bits: the windows may be near INT_MAX
+          const long long diagonal = (long long)row + off;
+          return col >= seqlen_k || (kKind == MaskKind::kCausal && col > diagonal) ||
+                 (window_right >= 0 && col > diagonal + window_right) ||
+                 (window_left >= 0 && col < diagonal - window_left);
         };
         auto block_has_visible = [&](int m, int n) {
           for (int r = m * kM; r < std::min((m + 1) * kM, seqlen_q); ++r) {
@@ -375,6 +382,7 @@ void check_block_mask(const char* config) {
         };
         for (int m = 0; m < m_blocks; ++m) {
           const int begin = mask.n_block_begin(m), end = mask.n_block_end(m);
+          in_range &= begin >= 0 && end <= n_blocks;
           const int unmasked_end = end - mask.n_masked_blocks();
           const int unmasked_begin = std::max(begin, mask.n_block_left_unmasked_begin(m));
           for (int n = 0; n < n_blocks; ++n) {
@@ -387,6 +395,7 @@ void check_block_mask(const char* config) {
         }
         for (int n = 0; n < n_blocks; ++n) {
           const int m_begin = mask.m_block_begin(n), m_end = std::max(m_begin, mask.m_block_end(n));
+          in_range &= m_begin >= 0 && m_end <= m_blocks;
           const int mask_end = mask.m_block_mask_end(n, m_begin, m_end);
           const int left_begin = mask.m_block_left_mask_begin(n, mask_end, m_end);
           bwd_ranges_mask &= m_begin <= mask_end && mask_end <= left_begin && left_begin <= m_end;
@@ -399,6 +408,7 @@ void check_block_mask(const char* config) {
       }
     }
   }
+  expect(in_range, config, "visited block ranges stay within the blocks that exist");
   expect(visits_all, config, "every visible (row, col) is in a visited tile, forward and backward");
   expect(skips_only_visible, config, "tiles without the mask hide no (row, col)");
   expect(fwd_loops_mask, config, "the forward's mask-free loop gets only tiles that need no mask");

@@ -41,15 +41,17 @@ struct BlockMask {
   int seqlen_q;
   int seqlen_k;
   int offset;  // seqlen_k − seqlen_q: row i's diagonal is column i + offset
-  int left;    // local: window_left, or seqlen_q + seqlen_k (beyond any distance) when unbounded
-  int right;   // local: window_right, likewise
+  int left;    // local: window_left, capped at seqlen_q + seqlen_k (beyond any distance; also
+  int right;   // when unbounded), so no sum below overflows; right likewise
 
+  // can_implement_* bound seqlen_q and seqlen_k by kMaxSeqlen, so sums of a
+  // few of them and of the capped windows stay within int.
   CUTE_HOST_DEVICE BlockMask(int seqlen_q_, int seqlen_k_, int window_left = -1, int window_right = -1)
       : seqlen_q(seqlen_q_),
         seqlen_k(seqlen_k_),
         offset(seqlen_k_ - seqlen_q_),
-        left(window_left < 0 ? seqlen_q_ + seqlen_k_ : window_left),
-        right(window_right < 0 ? seqlen_q_ + seqlen_k_ : window_right) {}
+        left(window_left < 0 || window_left > seqlen_q_ + seqlen_k_ ? seqlen_q_ + seqlen_k_ : window_left),
+        right(window_right < 0 || window_right > seqlen_q_ + seqlen_k_ ? seqlen_q_ + seqlen_k_ : window_right) {}
 
   // ---- The forward's (and the dQ kernel's) view, from a query block ----
 

@@ -36,8 +36,8 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
 
 // The backward with explicit tile traits: Traits for the main kernel,
 // DqTraits for the deterministic mode's dQ kernel. kMask must be what
-// resolve_mask() makes of params' causal flag and window
-// params.causal. Returns kUnsupportedDevice, before any launch, when the
+// resolve_mask() makes of params' causal flag and window (else
+// kInvalidArgument). Returns kUnsupportedDevice, before any launch, when the
 // current GPU's shared memory per block is too small for the kernels.
 template <class Traits, class DqTraits, MaskKind kMask>
 Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
