@@ -141,3 +141,19 @@ def test_window_through_packed_functions_and_repeatable():
     kv = qkv[:, :, 1:]
     c = flashtile.flash_attn_kvpacked_func(qkv[:, :, 0], kv, window_size=(33, 12))
     assert torch.equal(a, c)
+
+
+def test_windows_near_int_max_through_the_op():
+    """The op takes windows as given (no flash_attn normalization): a side
+    near INT_MAX is unbounded, not an int overflow that empties the rows."""
+    require_built(128, "bf16")
+    q, k, v = rand_qkv(1, 256, 128, 2, 2, 128, torch.bfloat16)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    big = 2**31 - 1
+    for window in ((0, big), (big, 0), (big - 1, 3)):
+        out, lse = torch.ops.flashtile.fwd(q, k, v, 128 ** -0.5, False, False, *window)
+        exact = tuple(-1 if w == big or w == big - 1 else w for w in window)
+        ref_out, ref_lse = attention_ref(q, k, v, window_size=exact)
+        pt_out, pt_lse = attention_ref(q, k, v, window_size=exact, upcast=False)
+        assert_close_fa_rule(out, ref_out, pt_out, f"out {window}")
+        assert_close_fa_rule(lse, ref_lse, pt_lse, f"lse {window}")
