@@ -5,7 +5,7 @@
 namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
-    {Direction::kBwd, Arch::kSm80, 32, DType::kFp16},
-    &sm80::run_bwd<32, cutlass::half_t>);
+    {Direction::kBwd, Arch::kSm80, 32, DType::kFp16, Variant::kPlain},
+    &sm80::run_bwd<32, cutlass::half_t, false>);
 }  // namespace
 }  // namespace flashtile

@@ -5,7 +5,7 @@
 namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
-    {Direction::kBwd, Arch::kSm80, 96, DType::kBf16},
-    &sm80::run_bwd<96, cutlass::bfloat16_t>);
+    {Direction::kBwd, Arch::kSm80, 96, DType::kBf16, Variant::kPlain},
+    &sm80::run_bwd<96, cutlass::bfloat16_t, false>);
 }  // namespace
 }  // namespace flashtile

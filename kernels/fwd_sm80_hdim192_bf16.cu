@@ -5,7 +5,7 @@
 namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
-    {Direction::kFwd, Arch::kSm80, 192, DType::kBf16},
-    &sm80::run_fwd<192, cutlass::bfloat16_t>);
+    {Direction::kFwd, Arch::kSm80, 192, DType::kBf16, Variant::kPlain},
+    &sm80::run_fwd<192, cutlass::bfloat16_t, false>);
 }  // namespace
 }  // namespace flashtile

@@ -5,7 +5,7 @@
 namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
-    {Direction::kFwd, Arch::kSm80, 256, DType::kFp16},
-    &sm80::run_fwd<256, cutlass::half_t>);
+    {Direction::kFwd, Arch::kSm80, 256, DType::kFp16, Variant::kPlain},
+    &sm80::run_fwd<256, cutlass::half_t, false>);
 }  // namespace
 }  // namespace flashtile

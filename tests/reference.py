@@ -39,7 +39,19 @@ def window_mask(seqlen_q: int, seqlen_k: int, window_size, device=None) -> torch
     return hidden
 
 
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1)):
+def alibi_bias(alibi_slopes, batch, nheads, seqlen_q, seqlen_k, device, dtype=torch.float32) -> torch.Tensor:
+    """flash_attn's ALiBi bias, (batch, nheads, seqlen_q, seqlen_k):
+    -slope * |i + seqlen_k - seqlen_q - j| for slopes of shape (nheads,) or
+    (batch, nheads), computed in dtype (float32 by default)."""
+    slopes = alibi_slopes.to(device=device, dtype=dtype).expand(batch, nheads)
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1) + (seqlen_k - seqlen_q)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    distance = (rows - cols).abs().to(dtype)  # (seqlen_q, seqlen_k)
+    return -slopes[:, :, None, None] * distance
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1), softcap=0.0,
+                  alibi_slopes=None):
     """softmax(q k^T * scale) v over (batch, seqlen, nheads, headdim) tensors.
 
     k and v may have fewer heads than q (GQA/MQA): kv head j serves query heads
@@ -52,7 +64,13 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     logsumexp of each row of scaled, masked scores. A row that sees no key
     (seqlen_k == 0, causal with seqlen_q > seqlen_k, or an empty window) gets
     out 0, lse -inf. window_size: a sliding window (window_mask), combined
-    with causal.
+    with causal. softcap > 0: scores -> softcap * tanh(scores / softcap);
+    alibi_slopes: then scores += alibi_bias(...); both before the masks, as
+    flash_attn. The bias is computed and added in float32 (float64 for
+    float64) and the sum rounded to the compute dtype, so in low precision
+    the biased scores get one rounding, as the unbiased ones do, rather
+    than the bias a rounding of its own (flash_attn's test adds its float32
+    bias the same way).
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -77,6 +95,12 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
         v = v.repeat_interleave(group, dim=2)
 
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale  # (b, h, sq, sk)
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        bias = alibi_bias(alibi_slopes, batch, nheads, seqlen_q, seqlen_k, q.device, wide)
+        scores = (scores.to(wide) + bias).to(dtype)
     if causal:
         scores = scores.masked_fill(causal_mask(seqlen_q, seqlen_k, q.device), float("-inf"))
     if tuple(window_size) != (-1, -1):
@@ -93,7 +117,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     return out, lse
 
 
-def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1)):
+def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None):
     """out and (dq, dk, dv) of :func:`attention_ref` for the cotangent ``dout``.
 
     Autograd runs on detached leaf copies, so the caller's tensors (views,
@@ -112,7 +137,8 @@ def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upca
     with torch.enable_grad():
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
         out, _lse = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale,
-                                  upcast=upcast, window_size=window_size)
+                                  upcast=upcast, window_size=window_size, softcap=softcap,
+                                  alibi_slopes=alibi_slopes)
         grads = torch.autograd.grad(out, leaves, dout.detach().to(out.dtype))
     return out.detach(), tuple(grads)
 

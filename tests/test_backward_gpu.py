@@ -29,8 +29,8 @@ KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its
 
 BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
 FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
-BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn in BUILT_KERNELS
-                          if direction == "bwd" and arch == "sm80"}))
+BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn, variant in BUILT_KERNELS
+                          if direction == "bwd" and arch == "sm80" and variant == "plain"}))
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 

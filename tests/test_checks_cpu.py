@@ -60,8 +60,9 @@ def test_built_kernels_well_formed():
     table = _C.built_kernels()
     assert isinstance(table, list) and len(table) > 0, f"built_kernels() is empty: {table!r}"
     for entry in table:
-        assert isinstance(entry, tuple) and len(entry) == 4, f"bad entry {entry!r}"
-        direction, arch, head_dim, dtype_name = entry
+        assert isinstance(entry, tuple) and len(entry) == 5, f"bad entry {entry!r}"
+        direction, arch, head_dim, dtype_name, variant = entry
+        assert variant in ("plain", "scoremod"), entry
         assert direction in ("fwd", "bwd"), entry
         assert isinstance(arch, str) and re.fullmatch(r"sm\d+[a-z]?", arch), entry
         assert isinstance(head_dim, int) and head_dim in _checks.SUPPORTED_HEAD_DIMS, entry
@@ -72,9 +73,11 @@ def test_built_kernels_well_formed():
 
 
 def test_fwd_combos_reduces_table():
-    table = [("fwd", "sm80", 128, "fp16"), ("fwd", "sm90", 128, "fp16"),
-             ("bwd", "sm80", 64, "bf16"), ("fwd", "sm80", 64, "bf16")]
+    table = [("fwd", "sm80", 128, "fp16", "plain"), ("fwd", "sm90", 128, "fp16", "plain"),
+             ("bwd", "sm80", 64, "bf16", "plain"), ("fwd", "sm80", 64, "bf16", "plain"),
+             ("fwd", "sm80", 32, "bf16", "scoremod")]
     assert _checks.fwd_combos(table) == ((64, "bf16"), (128, "fp16"))
+    assert _checks.fwd_combos(table, "scoremod") == ((32, "bf16"),)
 
 
 def test_unbuilt_combination_is_reported_as_not_built():
@@ -98,6 +101,15 @@ def test_check_head_dim_with_synthetic_tables():
         _checks.check_head_dim(64, torch.float16, table)
     with raises(KernelNotBuiltError, "built: none"):
         _checks.check_head_dim(64, torch.float16, ())
+    with raises(KernelNotBuiltError, "softcap/ALiBi", "head dim 64", "FLASHTILE_VARIANTS"):
+        _checks.check_head_dim(64, torch.float16, (), variant="scoremod")
+
+
+def test_variant_for():
+    assert _checks.variant_for(0.0, None) == "plain"
+    assert _checks.variant_for(0, None) == "plain"
+    assert _checks.variant_for(2.5, None) == "scoremod"
+    assert _checks.variant_for(0.0, torch.ones(4)) == "scoremod"
     # Padded head dims: the kernel they run must be built; no larger one stands in.
     _checks.check_head_dim(40, torch.bfloat16, table)
     with raises(KernelNotBuiltError, "head dim 128 (which runs head dim 100, zero-padded)", "bf16"):
@@ -128,11 +140,14 @@ def test_check_head_dim_with_synthetic_tables():
         ({"window_size": (1, 2, 3)}, TypeError, ["window_size", "pair"]),
         ({"window_size": 4}, TypeError, ["window_size", "pair"]),
         ({"window_size": (1.0, 2.0)}, TypeError, ["window_size", "pair"]),
-        ({"softcap": 30.0}, NotImplementedError, ["softcap", "not implemented"]),
         ({"softcap": -1.0}, ValueError, ["softcap", ">= 0"]),
         ({"softcap": float("nan")}, ValueError, ["softcap"]),
         ({"softcap": None}, TypeError, ["softcap", "NoneType"]),
-        ({"alibi_slopes": torch.ones(4)}, NotImplementedError, ["alibi_slopes", "not implemented"]),
+        ({"softcap": 1e39}, ValueError, ["softcap", "float32"]),
+        ({"alibi_slopes": torch.ones(4, dtype=torch.float64)}, ValueError, ["alibi_slopes", "float32"]),
+        ({"alibi_slopes": torch.ones(3)}, ValueError, ["alibi_slopes", "(nheads,) = (4,)", "(3)"]),
+        ({"alibi_slopes": torch.ones(3, 4)}, ValueError, ["alibi_slopes", "(batch, nheads) = (2, 4)"]),
+        ({"alibi_slopes": torch.ones(1, 2, 4)}, ValueError, ["alibi_slopes", "(nheads,)"]),
         ({"alibi_slopes": [1.0]}, TypeError, ["alibi_slopes", "list"]),
         ({"softmax_scale": "0.1"}, TypeError, ["softmax_scale", "str"]),
         ({"softmax_scale": torch.tensor(0.1)}, TypeError, ["softmax_scale", "Tensor"]),
@@ -155,8 +170,8 @@ def test_options_rejected_by_packed_functions(func):
     q, k, v = make_qkv(seqlen_k=5, nheads_k=4)
     for kwargs, exc in (({"dropout_p": 0.5}, NotImplementedError),
                         ({"window_size": (2, -3)}, ValueError),
-                        ({"softcap": 5.0}, NotImplementedError),
-                        ({"alibi_slopes": torch.ones(4)}, NotImplementedError),
+                        ({"softcap": -5.0}, ValueError),
+                        ({"alibi_slopes": torch.ones(4, dtype=torch.int32)}, ValueError),
                         ({"dropout_p": 2.0}, ValueError)):
         name = next(iter(kwargs))
         with raises(exc, name):
@@ -171,11 +186,13 @@ def test_options_rejected_by_packed_functions(func):
     [{}, {"dropout_p": 0.0, "softmax_scale": 0.3, "causal": True, "window_size": [-1, -1],
           "softcap": 0.0, "alibi_slopes": None, "deterministic": True, "return_attn_probs": True},
      {"softmax_scale": 1, "causal": 1, "dropout_p": 0},
-     {"window_size": (4, 0)}, {"window_size": [8, 8], "causal": True}, {"window_size": (-1, 0)}],
+     {"window_size": (4, 0)}, {"window_size": [8, 8], "causal": True}, {"window_size": (-1, 0)},
+     {"softcap": 30.0}, {"alibi_slopes": torch.ones(4)}, {"alibi_slopes": torch.ones(2, 4), "softcap": 1}],
 )
 def test_neutral_options_pass_to_device_check(kwargs):
-    """Neutral values of every option, and windows, are accepted: the call
-    gets as far as the device check, which is the last one."""
+    """Neutral values of every option, windows, softcap and ALiBi slopes are
+    accepted: the call gets as far as the device check, which is the last
+    one."""
     q, k, v = make_qkv()
     with raises(ValueError, "q must be on a CUDA device, got cpu"):
         flashtile.flash_attn_func(q, k, v, **kwargs)

@@ -43,7 +43,7 @@ def fwd_args(head_dim, dtype):
 
 def call_fwd(a, softmax_scale=0.125, causal=True):
     stream = torch.cuda.current_stream().cuda_stream
-    _C.fwd(a["q"], a["k"], a["v"], a["out"], a["lse"], softmax_scale, causal, stream)
+    _C.fwd(a["q"], a["k"], a["v"], a["out"], a["lse"], softmax_scale, causal, stream, **a.get("options", {}))
 
 
 def bwd_args(head_dim, dtype):
@@ -61,7 +61,7 @@ def bwd_args(head_dim, dtype):
 def call_bwd(a, softmax_scale=0.125, causal=True, deterministic=False):
     stream = torch.cuda.current_stream().cuda_stream
     _C.bwd(a["dout"], a["q"], a["k"], a["v"], a["out"], a["lse"], a["dq"], a["dk"], a["dv"],
-           a["workspace"], softmax_scale, causal, deterministic, stream)
+           a["workspace"], softmax_scale, causal, deterministic, stream, **a.get("options", {}))
 
 
 def other_half(t):
@@ -99,6 +99,12 @@ FWD_REFUSALS = [
                                                            strides=(33 * a["q"].shape[-1], a["q"].shape[-1], 0, 1))),
      ["invalid argument"]),
     ("v on another shape", lambda a: a.update(v=a["v"][:, :64]), ["k and v must have the same shape"]),
+    ("softcap negative", lambda a: a.update(options=dict(softcap=-1.0)), ["softcap must be a finite number >= 0"]),
+    ("alibi_slopes float64", lambda a: a.update(options=dict(alibi_slopes=torch.ones(4, dtype=torch.float64,
+                                                                                      device="cuda"))),
+     ["alibi_slopes must be float32"]),
+    ("alibi_slopes of 3 heads", lambda a: a.update(options=dict(alibi_slopes=torch.ones(3, device="cuda"))),
+     ["alibi_slopes must have shape (nheads,) or (batch, nheads)"]),
 ]
 
 BWD_REFUSALS = [
@@ -116,6 +122,9 @@ BWD_REFUSALS = [
     ("dv rows overlap", lambda a: a.update(dv=poisoned(*a["dv"].shape, dtype=a["dv"].dtype,
                                                         strides=(65 * 2 * a["q"].shape[-1], 0, a["q"].shape[-1], 1))),
      ["invalid argument"]),
+    ("softcap NaN", lambda a: a.update(options=dict(softcap=float("nan"))), ["softcap must be a finite number >= 0"]),
+    ("alibi_slopes of another batch", lambda a: a.update(options=dict(alibi_slopes=torch.ones(3, 4, device="cuda"))),
+     ["alibi_slopes must have shape (nheads,) or (batch, nheads)"]),
 ]
 
 

@@ -16,7 +16,8 @@ from flashtile import _C, _checks
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-BUILT = {(int(d), str(n)) for direction, _arch, d, n in _C.built_kernels() if direction == "bwd"}
+BUILT = {(int(d), str(n)) for direction, _arch, d, n, variant in _C.built_kernels()
+         if direction == "bwd" and variant == "plain"}
 # Windows leave rows with a single visible key (window (0, 0), a window's
 # edge at the first or last key): there P = 1 and dP = D, so PyTorch's own
 # low-precision dq cancels to exactly 0 and the rule leaves only this slack,

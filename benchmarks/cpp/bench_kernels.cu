@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
   std::printf("\n%-5s %4s %6s %6s | %9s %10s %10s | %14s %14s\n", "dtype", "hdim", "causal", "seqlen",
               "flashtile", "bmm QK^T", "bmm PV", "ft/(QK^T+PV)", "ft/gemm8192");
   for (const auto& key : kernels) {
-    if (key.direction != flashtile::Direction::kFwd) continue;  // times the forward kernels
+    // Times the plain forward kernels.
+    if (key.direction != flashtile::Direction::kFwd || key.variant != flashtile::Variant::kPlain) continue;
     const bool bf16 = key.dtype == flashtile::DType::kBf16;
     const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const int d = key.head_dim;

@@ -169,7 +169,8 @@ int main() {
   // 2. Runtime dispatch: register the instantiation, then call flashtile::fwd,
   // which looks the kernel up by (head dim, dtype).
   flashtile::KernelRegistry::instance().add_fwd(
-      {flashtile::Direction::kFwd, flashtile::Arch::kSm80, kHeadDim, flashtile::DType::kBf16},
+      {flashtile::Direction::kFwd, flashtile::Arch::kSm80, kHeadDim, flashtile::DType::kBf16,
+       flashtile::Variant::kPlain},
       &flashtile::sm80::run_fwd<kHeadDim, Element>);
   auto dispatched = [](const flashtile::FwdParams& p) { return flashtile::fwd(p, 0); };
   ok &= check({1, 1024, 1024, 4, 1, true}, dispatched);

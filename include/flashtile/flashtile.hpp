@@ -82,6 +82,14 @@ inline int64_t grid_blocks(int64_t rows, int64_t heads, int64_t batch) {
   return (rows + 63) / 64 * heads * batch;
 }
 
+// softcap is 0 (off) or a positive finite number; ALiBi's slope strides are
+// not negative (the slopes themselves may be any float).
+template <class Params>
+bool score_mod_valid(const Params& p) {
+  if (!(p.softcap >= 0.f && p.softcap <= std::numeric_limits<float>::max())) return false;  // NaN fails too
+  return p.alibi_slopes == nullptr || (p.alibi_slopes_batch_stride >= 0 && p.alibi_slopes_head_stride >= 0);
+}
+
 // Checks everything the kernels assume about params, without touching the GPU.
 inline Status can_implement_fwd(const FwdParams& p) {
   if (!p.q || !p.k || !p.v || !p.out || !p.lse) return Status::kInvalidArgument;
@@ -96,6 +104,7 @@ inline Status can_implement_fwd(const FwdParams& p) {
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
   if (p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
+  if (!score_mod_valid(p)) return Status::kInvalidArgument;
   if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                              p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                              p.out_batch_stride, p.out_row_stride, p.out_head_stride}) ||
@@ -134,6 +143,7 @@ inline Status can_implement_bwd(const BwdParams& p) {
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
   if (p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
+  if (!score_mod_valid(p)) return Status::kInvalidArgument;
   if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                              p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                              p.out_batch_stride, p.out_row_stride, p.out_head_stride, p.dout_batch_stride,
@@ -161,21 +171,30 @@ inline Status can_implement_bwd(const BwdParams& p) {
   return aligned ? Status::kSuccess : Status::kMisalignedPointer;
 }
 
-// Runs the backward registered for (sm80 path, head_dim, dtype). Needs
-// params.workspace of bwd_workspace_bytes(params) bytes.
+// The kernels that serve params: those with score modifiers when softcap or
+// ALiBi is asked for, else the plain ones.
+template <class Params>
+Variant variant_for(const Params& p) {
+  return uses_score_mod(p) ? Variant::kScoreMod : Variant::kPlain;
+}
+
+// Runs the backward registered for (sm80 path, head_dim, dtype, variant).
+// Needs params.workspace of bwd_workspace_bytes(params) bytes.
 inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_bwd(p);
   if (ok != Status::kSuccess) return ok;
-  const BwdLauncher launch = KernelRegistry::instance().find_bwd(Arch::kSm80, p.head_dim, p.dtype);
+  const BwdLauncher launch =
+      KernelRegistry::instance().find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
 }
 
-// Runs the forward kernel registered for (sm80 path, head_dim, dtype).
+// Runs the forward kernel registered for (sm80 path, head_dim, dtype, variant).
 inline Status fwd(const FwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_fwd(p);
   if (ok != Status::kSuccess) return ok;
-  const FwdLauncher launch = KernelRegistry::instance().find_fwd(Arch::kSm80, p.head_dim, p.dtype);
+  const FwdLauncher launch =
+      KernelRegistry::instance().find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
 }

@@ -44,6 +44,15 @@ struct FwdParams {
   // intersect), so causal with window_left = w is a window of w keys back.
   int window_left = -1;
   int window_right = -1;
+  // Soft-capping: scores (q·kᵀ·softmax_scale) become softcap · tanh(score /
+  // softcap) before the mask; 0 turns it off.
+  float softcap = 0.f;
+  // ALiBi: score −= slope · |i + seqlen_k − seqlen_q − j| for query row i and
+  // key j, after softcap, where slope = alibi_slopes[batch ·
+  // alibi_slopes_batch_stride + head · alibi_slopes_head_stride] (fp32, query
+  // head; a batch stride of 0 shares one row of slopes). nullptr turns it off.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_batch_stride = 0, alibi_slopes_head_stride = 1;
   DType dtype = DType::kBf16;
 };
 
@@ -84,11 +93,21 @@ struct BwdParams {
   bool causal = false;
   int window_left = -1;  // as FwdParams
   int window_right = -1;
+  float softcap = 0.f;  // as FwdParams
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_batch_stride = 0, alibi_slopes_head_stride = 1;
   // Sum dQ in a fixed order (a second kernel, no atomics), so that two runs
   // give bitwise-identical gradients. Costs time (benchmarks/NOTES.md) and
   // changes bwd_workspace_bytes().
   bool deterministic = false;
   DType dtype = DType::kBf16;
 };
+
+// True when params ask for softcap or ALiBi, which only the kernels built
+// with score modifiers apply (run_fwd / run_bwd<..., true>).
+template <class Params>
+constexpr bool uses_score_mod(const Params& p) {
+  return p.softcap != 0.f || p.alibi_slopes != nullptr;
+}
 
 }  // namespace flashtile

@@ -1,5 +1,5 @@
 // The dispatch table: one entry per compiled instantiation, keyed by
-// (direction, arch, head dim, dtype). Each generated file in kernels/ adds its
+// (direction, arch, head dim, dtype, variant). Each generated file in kernels/ adds its
 // launcher at static-initialization time; callers ask the table and turn a
 // miss into a "not built" error instead of guessing.
 #pragma once
@@ -17,7 +17,12 @@ enum class Direction : int { kFwd = 0, kBwd = 1 };
 // kSm80 is the mma.sync / cp.async path: it runs on sm80 and every newer arch.
 enum class Arch : int { kSm80 = 0 };
 
+// kScoreMod kernels apply softcap and ALiBi (common/score_mod.hpp); kPlain
+// kernels have neither and none of their cost.
+enum class Variant : int { kPlain = 0, kScoreMod = 1 };
+
 inline const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "bwd"; }
+inline const char* variant_name(Variant v) { return v == Variant::kPlain ? "plain" : "scoremod"; }
 inline const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "?"; }
 
 struct KernelKey {
@@ -25,10 +30,11 @@ struct KernelKey {
   Arch arch;
   int head_dim;
   DType dtype;
+  Variant variant;
 
   bool operator==(const KernelKey& o) const {
     return direction == o.direction && arch == o.arch && head_dim == o.head_dim &&
-           dtype == o.dtype;
+           dtype == o.dtype && variant == o.variant;
   }
 };
 
@@ -49,8 +55,8 @@ class KernelRegistry {
     return true;
   }
 
-  FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype) const {
-    const KernelKey want{Direction::kFwd, arch, head_dim, dtype};
+  FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype, Variant variant) const {
+    const KernelKey want{Direction::kFwd, arch, head_dim, dtype, variant};
     for (const FwdEntry& e : fwd_) {
       if (e.key == want) return e.launch;
     }
@@ -62,8 +68,8 @@ class KernelRegistry {
     return true;
   }
 
-  BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype) const {
-    const KernelKey want{Direction::kBwd, arch, head_dim, dtype};
+  BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype, Variant variant) const {
+    const KernelKey want{Direction::kBwd, arch, head_dim, dtype, variant};
     for (const BwdEntry& e : bwd_) {
       if (e.key == want) return e.launch;
     }

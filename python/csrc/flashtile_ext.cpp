@@ -3,11 +3,14 @@
 // the C++ core, turning a Status into a Python exception.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -60,7 +63,7 @@ void strides_of(const CudaArray& a, int64_t& batch, int64_t& row, int64_t& head)
 
 // Turns a Status into the Python exception a caller of flashtile expects.
 void raise_for_status(flashtile::Status status, const char* direction, int head_dim,
-                      flashtile::DType dtype) {
+                      flashtile::DType dtype, flashtile::Variant variant) {
   if (status == flashtile::Status::kSuccess) return;
   const std::string what = std::string("flashtile.") + direction + ": ";
   if (status == flashtile::Status::kCudaError) {
@@ -72,16 +75,35 @@ void raise_for_status(flashtile::Status status, const char* direction, int head_
   }
   if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
     throw std::runtime_error(what + "the kernel for head_dim=" + std::to_string(head_dim) +
-                             ", dtype=" + flashtile::dtype_name(dtype) +
-                             " is not built in this flashtile build");
+                             ", dtype=" + flashtile::dtype_name(dtype) + ", variant=" +
+                             flashtile::variant_name(variant) + " is not built in this flashtile build");
   }
   raise_value_error(what + flashtile::status_string(status) + " (head_dim=" +
                     std::to_string(head_dim) + ", dtype=" + flashtile::dtype_name(dtype) + ")");
 }
 
+// softcap and ALiBi slopes (fp32, (nheads,) or (batch, nheads), any
+// strides, on `device`) into FwdParams or BwdParams.
+template <class Params>
+void set_score_mod(Params& p, float softcap, const std::optional<CudaArray>& alibi_slopes, int device) {
+  require(softcap >= 0.f && std::isfinite(softcap), "softcap must be a finite number >= 0");
+  p.softcap = softcap;
+  if (!alibi_slopes) return;
+  const CudaArray& a = *alibi_slopes;
+  require(is_dtype(a, nb::dlpack::dtype_code::Float, 32), "alibi_slopes must be float32");
+  require(a.device_id() == device, "alibi_slopes must be on q's CUDA device");
+  const bool per_head = a.ndim() == 1 && static_cast<int>(a.shape(0)) == p.nheads;
+  const bool per_batch = a.ndim() == 2 && static_cast<int>(a.shape(0)) == p.batch &&
+                         static_cast<int>(a.shape(1)) == p.nheads;
+  require(per_head || per_batch, "alibi_slopes must have shape (nheads,) or (batch, nheads)");
+  p.alibi_slopes = static_cast<const float*>(a.data());
+  p.alibi_slopes_batch_stride = per_batch ? a.stride(0) : 0;
+  p.alibi_slopes_head_stride = a.stride(a.ndim() - 1);
+}
+
 void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
          const CudaArray& lse, float softmax_scale, bool causal, uintptr_t stream, int window_left,
-         int window_right) {
+         int window_right, float softcap, const std::optional<CudaArray>& alibi_slopes) {
   const flashtile::DType dtype = element_dtype(q, "q");
   require(element_dtype(k, "k") == dtype && element_dtype(v, "v") == dtype &&
               element_dtype(out, "out") == dtype,
@@ -130,9 +152,10 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
   p.window_left = window_left;
   p.window_right = window_right;
   p.dtype = dtype;
+  set_score_mod(p, softcap, alibi_slopes, device);
 
   raise_for_status(flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream)), "fwd", p.head_dim,
-                   dtype);
+                   dtype, flashtile::variant_for(p));
 }
 
 size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bool deterministic) {
@@ -145,7 +168,8 @@ size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bo
 void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const CudaArray& v,
          const CudaArray& out, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
          const CudaArray& dv, const CudaArray& workspace, float softmax_scale, bool causal,
-         bool deterministic, uintptr_t stream, int window_left, int window_right) {
+         bool deterministic, uintptr_t stream, int window_left, int window_right, float softcap,
+         const std::optional<CudaArray>& alibi_slopes) {
   const flashtile::DType dtype = element_dtype(q, "q");
   const std::pair<const CudaArray*, const char*> same_dtype[] = {
       {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
@@ -209,15 +233,16 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   p.window_left = window_left;
   p.window_right = window_right;
   p.dtype = dtype;
+  set_score_mod(p, softcap, alibi_slopes, device);
   raise_for_status(flashtile::bwd(p, reinterpret_cast<cudaStream_t>(stream)), "bwd", p.head_dim,
-                   dtype);
+                   dtype, flashtile::variant_for(p));
 }
 
-std::vector<std::tuple<std::string, std::string, int, std::string>> built_kernels() {
-  std::vector<std::tuple<std::string, std::string, int, std::string>> out;
+std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> built_kernels() {
+  std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> out;
   for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
     out.emplace_back(flashtile::direction_name(key.direction), flashtile::arch_name(key.arch),
-                     key.head_dim, flashtile::dtype_name(key.dtype));
+                     key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant));
   }
   return out;
 }
@@ -228,14 +253,16 @@ NB_MODULE(_C, m) {
   m.doc() = "flashtile's compiled kernels (DLPack in, no libtorch)";
   m.def("fwd", &fwd, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"), nb::arg("window_left") = -1,
-        nb::arg("window_right") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
         "Attention forward into caller-allocated out (batch, seqlen_q, nheads, head_dim) and "
         "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device. "
-        "window_left/right: a sliding window (FwdParams), -1 for unbounded.");
+        "window_left/right: a sliding window (FwdParams), -1 for unbounded. softcap > 0 and "
+        "alibi_slopes (fp32, (nheads,) or (batch, nheads)) run the scoremod kernels.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"), nb::arg("stream"),
-        nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.f,
+        nb::arg("alibi_slopes").none() = nb::none(),
         "Attention backward into caller-allocated dq (q's shape), dk and dv (k's shape), "
         "using a device workspace of bwd_workspace_bytes(...) bytes. deterministic: sum dq in "
         "a fixed order (bitwise reproducible) instead of with atomic adds.");
@@ -244,5 +271,5 @@ NB_MODULE(_C, m) {
         "Bytes of device workspace the backward needs (fp32 dQ accumulator unless "
         "deterministic, and row sums).");
   m.def("built_kernels", &built_kernels,
-        "The (direction, arch, head_dim, dtype) instantiations this build contains.");
+        "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
 }

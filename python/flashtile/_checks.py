@@ -11,10 +11,12 @@ Exception types
 * ``ValueError``          -- a tensor or number has the wrong properties
                              (rank, dtype, shape, strides, device, range).
 * ``NotImplementedError`` -- a valid request for a feature flashtile does not
-                             have yet (dropout, softcap, ALiBi).
+                             have yet (dropout).
 * ``KernelNotBuiltError`` -- (a ``RuntimeError``) the request is supported by
                              flashtile, but this build was compiled without
-                             the forward kernel that serves it. (A missing
+                             the forward kernel that serves it (softcap and
+                             ALiBi run kernels of their own, the "scoremod"
+                             variant). (A missing
                              backward kernel is reported by the extension at
                              backward time, as a plain ``RuntimeError`` naming
                              the head dim and dtype.)
@@ -68,11 +70,14 @@ __all__ = [
     "check_layout",
     "check_pointer_alignment",
     "check_devices",
+    "check_alibi_slopes",
+    "variant_for",
     "check_qkvpacked",
     "check_kvpacked",
 ]
 
 
+_FLOAT32_MAX = 3.4028234663852886e38  # softcap travels as a float32
 _MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z (the forward's heads, batch)
 _MAX_SEQLEN = 1 << 29  # kMaxSeqlen in flashtile.hpp: the mask arithmetic stays within int
 # The backward's grids are 1-D: blocks of 64 rows (the smallest tile) × heads
@@ -120,9 +125,10 @@ def _is_real(x) -> bool:
 # --------------------------------------------------------------------------
 
 
-def kernel_combos(built_kernels, direction: str) -> tuple[tuple[int, str], ...]:
+def kernel_combos(built_kernels, direction: str, variant: str = "plain") -> tuple[tuple[int, str], ...]:
     """Reduce ``_C.built_kernels()`` to the sorted ``(head_dim, dtype_name)``
-    pairs that have a kernel of ``direction`` ("fwd" or "bwd") for some
+    pairs that have a kernel of ``direction`` ("fwd" or "bwd") and
+    ``variant`` ("plain", or "scoremod": softcap and ALiBi) for some
     architecture.
 
     The architecture is chosen by the extension at launch; here we only need to
@@ -130,15 +136,20 @@ def kernel_combos(built_kernels, direction: str) -> tuple[tuple[int, str], ...]:
     """
     combos = set()
     for entry in built_kernels:
-        kernel_direction, _arch, head_dim, dtype_name = entry
-        if kernel_direction == direction:
+        kernel_direction, _arch, head_dim, dtype_name, kernel_variant = entry
+        if kernel_direction == direction and kernel_variant == variant:
             combos.add((int(head_dim), str(dtype_name)))
     return tuple(sorted(combos))
 
 
-def fwd_combos(built_kernels) -> tuple[tuple[int, str], ...]:
+def fwd_combos(built_kernels, variant: str = "plain") -> tuple[tuple[int, str], ...]:
     """The forward's ``kernel_combos``."""
-    return kernel_combos(built_kernels, "fwd")
+    return kernel_combos(built_kernels, "fwd", variant)
+
+
+def variant_for(softcap, alibi_slopes) -> str:
+    """The kernel variant a call needs: "scoremod" with softcap or ALiBi."""
+    return "scoremod" if softcap != 0.0 or alibi_slopes is not None else "plain"
 
 
 # --------------------------------------------------------------------------
@@ -200,6 +211,8 @@ def check_options(
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     if not (0.0 <= softcap < math.inf):  # also false for NaN
         raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap}")
+    if softcap > _FLOAT32_MAX:
+        raise ValueError(f"softcap must fit in float32 (at most {_FLOAT32_MAX:.4g}), got {softcap}")
     if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError(
             f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}"
@@ -210,15 +223,6 @@ def check_options(
         raise NotImplementedError(
             "dropout_p: dropout is not implemented in flashtile yet "
             f"(got dropout_p={dropout_p}); pass 0.0"
-        )
-    if softcap != 0.0:
-        raise NotImplementedError(
-            "softcap: logit soft-capping is not implemented in flashtile yet "
-            f"(got softcap={softcap}); pass 0.0"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError(
-            "alibi_slopes: ALiBi is not implemented in flashtile yet; pass None"
         )
 
 
@@ -259,11 +263,12 @@ def kernel_head_dim(head_dim: int):
     return next((hd for hd in SUPPORTED_HEAD_DIMS if hd >= head_dim), None)
 
 
-def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q") -> None:
+def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q", variant: str = "plain") -> None:
     """A head dim from 1 to 256 whose kernel (:func:`kernel_head_dim`) exists,
     and that kernel is in this build's table (``fwd_built`` as returned by
-    :func:`fwd_combos`) for ``dtype``. The kernel is never chosen by what was
-    built: a missing one is reported, not replaced by a larger one."""
+    :func:`fwd_combos` for ``variant``) for ``dtype``. The kernel is never
+    chosen by what was built: a missing one is reported, not replaced by a
+    larger one."""
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
             f"{name}: head dim {head_dim} is not supported; head dims go from 1 to {MAX_HEAD_DIM}"
@@ -273,10 +278,11 @@ def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q") -> 
     if not any(kernel_dim == hd and dtype_name == dn for hd, dn in fwd_built):
         built = ", ".join(f"hdim{hd}/{dn}" for hd, dn in fwd_built) or "none"
         padded = "" if kernel_dim == head_dim else f" (which runs head dim {head_dim}, zero-padded)"
+        kind = "forward kernel with softcap/ALiBi (variant scoremod)" if variant == "scoremod" else "forward kernel"
         raise KernelNotBuiltError(
-            f"{name}: the forward kernel for head dim {kernel_dim}{padded} with dtype {dtype_name} "
+            f"{name}: the {kind} for head dim {kernel_dim}{padded} with dtype {dtype_name} "
             f"is not built in this flashtile build (built: {built}); rebuild flashtile "
-            "with that combination enabled"
+            "with that combination enabled (FLASHTILE_HEAD_DIMS, FLASHTILE_DTYPES, FLASHTILE_VARIANTS)"
         )
 
 
@@ -326,11 +332,27 @@ def check_devices(tensors, names) -> None:
             )
 
 
-def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
-    """Validate q (b, sq, h, d), k and v (b, sk, h_k, d) for the forward.
+def check_alibi_slopes(alibi_slopes, batch: int, nheads: int) -> None:
+    """ALiBi slopes: float32, shape (nheads,) or (batch, nheads), any strides
+    (placement is checked with the other tensors')."""
+    if alibi_slopes.dtype != torch.float32:
+        raise ValueError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    shape = tuple(alibi_slopes.shape)
+    if not (shape == (nheads,) or shape == (batch, nheads)):
+        raise ValueError(
+            f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+            f"({batch}, {nheads}), got {_fmt_shape(alibi_slopes)}"
+        )
 
-    ``fwd_built`` is the table from :func:`fwd_combos`. ``names`` are what the
-    messages call the three tensors (the packed functions pass "qkv"/"kv").
+
+def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v"), alibi_slopes=None,
+                      variant: str = "plain") -> None:
+    """Validate q (b, sq, h, d), k and v (b, sk, h_k, d) for the forward, and
+    alibi_slopes when given.
+
+    ``fwd_built`` is the table from :func:`fwd_combos` for ``variant``.
+    ``names`` are what the messages call the three tensors (the packed
+    functions pass "qkv"/"kv").
     """
     nq, nk, nv = names
     for t, name in ((q, nq), (k, nk), (v, nv)):
@@ -397,13 +419,18 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v")) -> None:
                 f"{what} = {blocks} is above the {_MAX_GRID_BLOCKS} blocks of a kernel grid, "
                 f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}")
 
-    check_head_dim(head_dim, q.dtype, fwd_built, name=nq)
+    check_head_dim(head_dim, q.dtype, fwd_built, name=nq, variant=variant)
 
     if kernel_head_dim(head_dim) == head_dim:  # a padded head dim is copied into a fresh layout
         for t, name in ((q, nq), (k, nk), (v, nv)):
             check_layout(t, name)
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, batch, nheads)
 
-    check_devices((q, k, v), (nq, nk, nv))
+    if alibi_slopes is None:
+        check_devices((q, k, v), (nq, nk, nv))
+    else:
+        check_devices((q, k, v, alibi_slopes), (nq, nk, nv, "alibi_slopes"))
 
 
 # --------------------------------------------------------------------------

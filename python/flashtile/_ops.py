@@ -1,6 +1,7 @@
 """The torch.library custom ops around the extension: forward and backward.
 
-``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic=False) -> (out,
+``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic=False,
+window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None) -> (out,
 lse)`` allocates its outputs, handles the empty cases without touching the
 extension, and otherwise launches ``_C.fwd`` on the inputs' device and torch's
 current stream there.
@@ -18,6 +19,7 @@ alignment.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -70,6 +72,8 @@ def fwd(
     deterministic: bool = False,
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
     if out.numel() == 0:  # batch, seqlen_q or nheads is 0: nothing to compute
@@ -84,12 +88,13 @@ def fwd(
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
-               int(window_right))
+               int(window_right), float(softcap), alibi_slopes)
     return out, lse
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1):
+def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
+              softcap=0.0, alibi_slopes=None):
     return _empty_outputs(q)
 
 
@@ -116,6 +121,8 @@ def bwd(
     deterministic: bool = False,
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
     GQA each of dk and dv sums over the query heads of its group. With
@@ -133,7 +140,8 @@ def bwd(
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
-               bool(deterministic), stream, int(window_left), int(window_right))
+               bool(deterministic), stream, int(window_left), int(window_right), float(softcap),
+               alibi_slopes)
     return dq, dk, dv
 
 
@@ -143,7 +151,7 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, window_left=-1,
-              window_right=-1):
+              window_right=-1, softcap=0.0, alibi_slopes=None):
     return _empty_grads(q, k, v)
 
 
@@ -151,24 +159,28 @@ def _fwd_setup_context(ctx, inputs, output):
     # Older torch (2.11) hands over only the arguments the caller passed, so
     # the trailing defaulted ones (deterministic, window_left, window_right)
     # may be missing; newer torch (2.13) fills them in.
-    defaults = (False, -1, -1)
-    q, k, v, softmax_scale, causal, deterministic, window_left, window_right = (
+    defaults = (False, -1, -1, 0.0, None)
+    q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes = (
         *inputs, *defaults[len(inputs) - 5:])
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    # Only these: the backward recomputes P from q, k and the row logsumexp.
-    ctx.save_for_backward(q, k, v, out, lse)
+    # Only these: the backward recomputes P from q, k and the row logsumexp
+    # (the ALiBi slopes are an input, not a result, and get no gradient).
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
     ctx.window = (window_left, window_right)
+    ctx.softcap = softcap
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                     ctx.deterministic, *ctx.window)
-    return dq, dk, dv, None, None, None, None, None  # extra Nones past the passed inputs are allowed
+                     ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes)
+    # No gradient for the options, nor for alibi_slopes (as flash_attn);
+    # extra Nones past the passed inputs are allowed.
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

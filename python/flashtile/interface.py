@@ -20,8 +20,15 @@ causal=True sets right to 0, and with left bounded an unbounded right side
 means seqlen_k (which hides keys only when seqlen_q > seqlen_k + 1). Key blocks outside every row's window are never
 visited, and a row whose window holds no key gets output 0 and logsumexp -inf.
 
-Arguments flashtile does not implement yet (dropout, softcap, ALiBi) are
-accepted at their neutral values and raise NotImplementedError otherwise. The functions are differentiable (torch.library autograd). By
+``softcap > 0`` caps the scaled scores at softcap * tanh(score / softcap)
+before the mask and the softmax, and ``alibi_slopes`` (float32, (nheads,) or
+(batch, nheads)) subtracts slope * |i + seqlen_k - seqlen_q - j| from score
+(i, j) after that, both as in flash_attn; either one runs kernels of their own
+(the "scoremod" variant), and both are differentiated through (the slopes get
+no gradient). The logsumexp is that of the modified scores.
+
+Dropout is not implemented yet: dropout_p must be 0.0 (NotImplementedError
+otherwise). The functions are differentiable (torch.library autograd). By
 default the backward accumulates dq with fp32 atomic adds, whose order varies
 from run to run in the last bits; ``deterministic=True`` sums dq in a fixed
 order instead (bitwise-reproducible gradients, a slower backward).
@@ -37,16 +44,19 @@ from ._ops import BUILT_KERNELS, fwd as _fwd_op
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
 
-_FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
+_FWD_BUILT = {variant: _checks.fwd_combos(BUILT_KERNELS, variant) for variant in ("plain", "scoremod")}
 
 
-def _attention(q, k, v, names, softmax_scale, causal, window_size, return_attn_probs, deterministic):
+def _attention(q, k, v, names, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+               deterministic):
     """Check the tensors (options are already checked) and run the op. A head
     dim without a kernel of its own runs on the next larger kernel with q, k
     and v zero-padded (zeros add nothing to q·k, and v's padding only fills
     out's columns that are cut off again); autograd carries the gradients
     back through the padding."""
-    _checks.check_fwd_tensors(q, k, v, _FWD_BUILT, names=names)
+    variant = _checks.variant_for(softcap, alibi_slopes)
+    _checks.check_fwd_tensors(q, k, v, _FWD_BUILT[variant], names=names, alibi_slopes=alibi_slopes,
+                              variant=variant)
     head_dim = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
@@ -57,7 +67,7 @@ def _attention(q, k, v, names, softmax_scale, causal, window_size, return_attn_p
         q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
     window_left, window_right = _checks.kernel_window(window_size, bool(causal), k.shape[1])
     out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
-                       window_right)
+                       window_right, float(softcap), alibi_slopes)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
@@ -91,8 +101,9 @@ def flash_attn_func(
         causal: bottom-right aligned causal mask.
         window_size: (left, right) sliding window, -1 for an unbounded side
             (see the module docstring); (-1, -1) is global attention.
-        softcap: must be 0.0 (soft-capping is not implemented yet).
-        alibi_slopes: must be None (ALiBi is not implemented yet).
+        softcap: > 0 caps the scaled scores at softcap * tanh(score / softcap); 0.0 is off.
+        alibi_slopes: None, or float32 (nheads,) or (batch, nheads) ALiBi slopes:
+            score (i, j) -= slope * |i + seqlen_k - seqlen_q - j| (no gradient).
         deterministic: sum dq in a fixed order in the backward (no atomic adds), so
             that two runs give bitwise-identical gradients; the backward is slower.
         return_attn_probs: also return the logsumexp and None (see Returns).
@@ -106,7 +117,7 @@ def flash_attn_func(
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, window_size,
-                      return_attn_probs, deterministic)
+                      softcap, alibi_slopes, return_attn_probs, deterministic)
 
 
 def flash_attn_qkvpacked_func(
@@ -130,7 +141,7 @@ def flash_attn_qkvpacked_func(
     _checks.check_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=2)
     return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, window_size,
-                      return_attn_probs, deterministic)
+                      softcap, alibi_slopes, return_attn_probs, deterministic)
 
 
 def flash_attn_kvpacked_func(
@@ -156,4 +167,4 @@ def flash_attn_kvpacked_func(
     _checks.check_kvpacked(kv)
     k, v = kv.unbind(dim=2)
     return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, window_size,
-                      return_attn_probs, deterministic)
+                      softcap, alibi_slopes, return_attn_probs, deterministic)

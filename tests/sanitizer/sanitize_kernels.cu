@@ -73,6 +73,15 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   for (Tensor4* t : {&q, &k, &v, &dout}) fill_kernel<<<256, 256>>>(t->data, t->elements, seed++, bf16);
   float* lse = nullptr;
   cudaMalloc(&lse, size_t(pr.batch) * pr.nheads * pr.seqlen_q * sizeof(float));
+  // The scoremod kernels run with both modifiers: softcap and (batch, nheads) ALiBi slopes.
+  const bool score_mod = key.variant == flashtile::Variant::kScoreMod;
+  float* slopes = nullptr;
+  if (score_mod) {
+    std::vector<float> host(size_t(pr.batch) * pr.nheads);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f / float(i + 1);
+    cudaMalloc(&slopes, host.size() * sizeof(float));
+    cudaMemcpy(slopes, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
 
   flashtile::FwdParams f;
   f.q = q.data, f.k = k.data, f.v = v.data, f.out = out.data, f.lse = lse;
@@ -84,6 +93,7 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   f.seqlen_q = pr.seqlen_q, f.seqlen_k = pr.seqlen_k, f.head_dim = d;
   f.softmax_scale = 0.125f, f.causal = pr.causal, f.dtype = key.dtype;
   f.window_left = pr.window_left, f.window_right = pr.window_right;
+  if (score_mod) f.softcap = 20.f, f.alibi_slopes = slopes, f.alibi_slopes_batch_stride = pr.nheads;
   bool ok = check("fwd", flashtile::fwd(f, nullptr));
 
   flashtile::BwdParams b;
@@ -101,12 +111,14 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   b.seqlen_q = pr.seqlen_q, b.seqlen_k = pr.seqlen_k, b.head_dim = d;
   b.softmax_scale = f.softmax_scale, b.causal = pr.causal, b.deterministic = deterministic, b.dtype = key.dtype;
   b.window_left = pr.window_left, b.window_right = pr.window_right;
+  b.softcap = f.softcap, b.alibi_slopes = f.alibi_slopes, b.alibi_slopes_batch_stride = f.alibi_slopes_batch_stride;
   void* workspace = nullptr;
   cudaMalloc(&workspace, flashtile::bwd_workspace_bytes(b));
   b.workspace = workspace;
   ok = check(deterministic ? "bwd deterministic" : "bwd", flashtile::bwd(b, nullptr)) && ok;
   cudaFree(workspace);
   cudaFree(lse);
+  cudaFree(slopes);
   return ok;
 }
 
@@ -123,12 +135,12 @@ int main() {
   int runs = 0, failures = 0;
   uint32_t seed = 1;
   for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
-    if (key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype)
+    if (key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype, variant)
     for (const Problem& pr : problems) {
       for (bool deterministic : {false, true}) {
-        std::printf("hdim %d %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d window (%d, %d) "
+        std::printf("hdim %d %s %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d window (%d, %d) "
                     "deterministic %d\n",
-                    key.head_dim, flashtile::dtype_name(key.dtype), pr.batch, pr.seqlen_q, pr.seqlen_k,
+                    key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant), pr.batch, pr.seqlen_q, pr.seqlen_k,
                     pr.nheads, pr.nheads_k, int(pr.causal), pr.window_left, pr.window_right, int(deterministic));
         ++runs;
         if (!run(key, pr, deterministic, seed)) ++failures;

@@ -20,6 +20,7 @@
 
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
+#include "flashtile/common/score_mod.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
@@ -31,7 +32,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kScoreMod>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dq_kernel(const __grid_constant__ BwdParams params, const float* dsum) {
   using Element = typename Traits::Element;
@@ -57,7 +58,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
   const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
-  const float scale_log2 = params.softmax_scale * float(M_LOG2E);
+  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, params.seqlen_q, params.seqlen_k,
+                                      kScoreMod ? alibi_slope(params, batch, head) : 0.f);
+  const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
   const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
                                                 params.window_right);
 
@@ -165,8 +168,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     clear(acc_dp);
     gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, tSsQ, in_buffer(tSsK, buf), ldsm_sdp_a, ldsm_sdp_b);
     gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, tdPsdO, in_buffer(tdPsV, buf), ldsm_sdp_a, ldsm_sdp_b);
+    score_mod.apply_softcap(acc_s);
     if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block, n_block);
-    recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse, smem_dsum, scale_log2);
+    recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse, smem_dsum, scale_log2, score_mod, m_block * kBlockM,
+                       n_block * kBlockN);
     copy(copy_dS, thr_copy_dS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
     __syncthreads();  // dS staged
 

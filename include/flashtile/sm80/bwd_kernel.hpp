@@ -8,6 +8,7 @@
 //   for each query head of the group, each visible query block i:
 //     start loading Q, dO, LSE, D of block i+1 (the other smem buffer)
 //     S = Q_i·Kᵀ, dP = dO_i·Vᵀ                 (registers)
+//     softcap and ALiBi (kScoreMod kernels, common/score_mod.hpp)
 //     P = exp2(S·c − LSE·log2 e) (0 where masked), dS = P ∘ (dP − D_i)
 //     stage P and dS in shared memory (bf16/fp16)
 //     dQ_i += dS·K  → fp32 atomic adds into the workspace
@@ -27,6 +28,7 @@
 
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
+#include "flashtile/common/score_mod.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/workspace.hpp"
 #include "flashtile/sm80/copy.hpp"
@@ -39,7 +41,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask, bool kAccumulateDq>
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum) {
   using Element = typename Traits::Element;
@@ -65,9 +67,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int batch = tile.head / params.nheads_k;
   const int tid = threadIdx.x;
   const int kv_rows_valid = params.seqlen_k - n_block * kBlockN;
-  const float scale_log2 = params.softmax_scale * float(M_LOG2E);
   const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
                                                 params.window_right);
+  // ALiBi's slope is per query head: mod_of_head gives each head's.
+  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, params.seqlen_q, params.seqlen_k, 0.f);
+  auto mod_of_head = [&](int head) {
+    if constexpr (kScoreMod) {
+      return score_mod.with_alibi_slope(alibi_slope(params, batch, head));
+    } else {
+      return score_mod;
+    }
+  };
+  const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
 
   // This CTA's K and V tiles and its dK, dV outputs.
   Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k), params.k_batch_stride,
@@ -239,9 +250,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, ldsm_sdp_a, ldsm_sdp_b);
     gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, ldsm_sdp_a, ldsm_sdp_b);
 
+    score_mod.apply_softcap(acc_s);
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
     recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
-                       scale_log2);
+                       scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
     __syncthreads();  // P and dS staged

@@ -39,13 +39,14 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
 // resolve_mask() makes of params' causal flag and window (else
 // kInvalidArgument). Returns kUnsupportedDevice, before any launch, when the
 // current GPU's shared memory per block is too small for the kernels.
-template <class Traits, class DqTraits, MaskKind kMask>
+template <class Traits, class DqTraits, MaskKind kMask, bool kScoreMod = false>
 Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(std::is_same_v<Element, typename DqTraits::Element> && kHeadDim == DqTraits::kHeadDim);
   // can_implement_bwd bounds the 1-D grids counting blocks of 64 rows.
   static_assert(Traits::kBlockN % 64 == 0 && DqTraits::kBlockM % 64 == 0);
+  if (!kScoreMod && uses_score_mod(params_in)) return Status::kInvalidArgument;
   BwdParams params = params_in;  // with causal folded into the window
   if (resolve_mask(params.causal, params.window_left, params.window_right) != kMask) return Status::kInvalidArgument;
   // sm86, sm89 and sm120 offer 99 KB per block, sm80 163 KB; checked here
@@ -67,17 +68,17 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   const dim3 dkdv_grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   if (params.deterministic) {
     // No dQ accumulator in this mode (the kernel variant never touches it).
-    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, false>, dkdv_grid,
+    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, false, kScoreMod>, dkdv_grid,
                                                            Traits::kNThreads, stream, params,
                                                            static_cast<float*>(nullptr), dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
-    err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kMask>, dq_grid,
+    err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kMask, kScoreMod>, dq_grid,
                                                    DqTraits::kNThreads, stream, params, dsum);
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
 
-  if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, true>, dkdv_grid, Traits::kNThreads,
+  if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, true, kScoreMod>, dkdv_grid, Traits::kNThreads,
                                            stream, params, ws.dq_accum, dsum) != cudaSuccess) {
     return Status::kCudaError;
   }
@@ -87,20 +88,22 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
-// can_implement_bwd(params) passed.
-template <int kHeadDim, class Element>
+// can_implement_bwd(params) passed. kScoreMod: the kernels that apply
+// softcap and ALiBi (common/score_mod.hpp); the others refuse params that
+// ask for either.
+template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   using DqTraits = BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>;
   int window_left = params.window_left, window_right = params.window_right;
   switch (resolve_mask(params.causal, window_left, window_right)) {
     case MaskKind::kNone:
-      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, false>>, DqTraits, MaskKind::kNone>(
+      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, false>>, DqTraits, MaskKind::kNone, kScoreMod>(
           params, stream);
     case MaskKind::kCausal:
-      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kCausal>(
+      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kCausal, kScoreMod>(
           params, stream);
     default:
-      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kLocal>(
+      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kLocal, kScoreMod>(
           params, stream);
   }
 }

@@ -21,12 +21,20 @@ using namespace cute;
 //   coords: the same partition of an identity tensor, giving (row, col)
 //   lse, dsum: the tile's kBlockM rows of the forward's LSE (natural log) and
 //   of rowsum(dO ∘ O), in shared memory
-template <class AccS, class AccDP, class Coords>
-CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords,
-                                    const float* lse, const float* dsum, float scale_log2) {
+//   mod, row0, col0: the score modifiers and the tile's first row and column.
+//   With softcap, S holds t = tanh(·) (ScoreMod::apply_softcap, before the
+//   mask) and dS gains the chain rule's 1 − t²; ALiBi's bias is added here.
+template <class AccS, class AccDP, class Coords, class Mod>
+CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords, const float* lse,
+                                    const float* dsum, float scale_log2, Mod const& mod, int row0, int col0) {
   Tensor s = rowcol_view(acc_s);      // (rows, cols)
   Tensor dp = rowcol_view(acc_dp);    // (rows, cols)
   Tensor rc = rowcol_view(coords);    // (rows, cols) -> (row, col)
+  // The modified kernels take both modifiers' arithmetic on every element,
+  // neutral when off (a slope of 0; 1 − 0·t²): branching outside the loop
+  // instead made four copies of it, and the main kernel's query-block body
+  // was then no longer inlined (3.8 KB of stack at d128).
+  const float dtanh_weight = mod.has_softcap() ? 1.f : 0.f;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
     const int row = get<0>(rc(mi, 0));
@@ -39,9 +47,18 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
     const float row_dsum = dsum[row];
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) {
-      const float p = fast_exp2(s(mi, ni) * scale_log2 - row_lse_log2);
-      s(mi, ni) = p;
-      dp(mi, ni) = p * (dp(mi, ni) - row_dsum);
+      if constexpr (!Mod::kIsEnabled) {
+        const float p = fast_exp2(s(mi, ni) * scale_log2 - row_lse_log2);
+        s(mi, ni) = p;
+        dp(mi, ni) = p * (dp(mi, ni) - row_dsum);
+      } else {
+        const float t = s(mi, ni);
+        const float p = fast_exp2((t + mod.bias(row0 + row, col0 + get<1>(rc(mi, ni)))) * scale_log2 - row_lse_log2);
+        // d tanh = 1 − t²; the max with 0 turns a masked t = −inf into 0 (its P is 0).
+        const float dtanh = fmaxf(0.f, 1.f - dtanh_weight * t * t);
+        s(mi, ni) = p;
+        dp(mi, ni) = p * (dp(mi, ni) - row_dsum) * dtanh;
+      }
     }
   }
 }

@@ -5,6 +5,7 @@
 //   for each visible key block n, last to first (blocks outside a window skipped):
 //     wait K[n]; start loading V[n]
 //     S = Q·K[n]ᵀ                        (registers, never written out)
+//     softcap and ALiBi (kScoreMod kernels, common/score_mod.hpp)
 //     mask S if the tile straddles the diagonal, a window edge or seqlen_k
 //     wait V[n]; start loading K[n−1]
 //     online softmax: P = exp2(S·c − m·c), rescale O where m moved
@@ -20,6 +21,7 @@
 
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
+#include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/softmax.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/copy.hpp"
@@ -29,7 +31,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kScoreMod>
 __global__ void __launch_bounds__(Traits::kNThreads)
     fwd_kernel(const __grid_constant__ FwdParams params) {
   using Element = typename Traits::Element;
@@ -53,6 +55,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int head_k = head / (params.nheads / params.nheads_k);
   const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
                                                 params.window_right);
+  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, params.seqlen_q, params.seqlen_k,
+                                      kScoreMod ? alibi_slope(params, batch, head) : 0.f);
   const int rows_valid = params.seqlen_q - m_block * kBlockM;
 
   // Global tensors of this (batch, head), then this CTA's tiles.
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   cp_async_fence();
 
   constexpr int kRowsPerThread = 2 * decltype(size<1>(acc_o))::value;
-  OnlineSoftmax<kRowsPerThread> softmax(params.softmax_scale * float(M_LOG2E));
+  OnlineSoftmax<kRowsPerThread> softmax(score_mod.score_scale() * float(M_LOG2E));
   clear(acc_o);
   Tensor acc_o_rowcol = rowcol_view(acc_o);  // (kRowsPerThread, head_dim cols)
 
@@ -164,6 +168,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     cp_async_fence();
 
     gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_Q, smem_copy_K);
+    score_mod.apply_softcap(acc_s);
+    score_mod.apply_alibi(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
     if constexpr (decltype(masked)::value) {
       if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block, n_block);
     }
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   }
 
   // Epilogue: normalize, stage O through shared memory for 16-byte stores.
-  auto lse = softmax.finalize(acc_o_rowcol, params.softmax_scale);  // (kRowsPerThread)
+  auto lse = softmax.finalize(acc_o_rowcol, score_mod.score_scale());  // (kRowsPerThread)
   Tensor rO = convert_fragment<Element>(acc_o);                      // (MMA, MMA_M, MMA_D)
   auto smem_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
   auto smem_thr_copy_O = smem_copy_O.get_thread_slice(tid);

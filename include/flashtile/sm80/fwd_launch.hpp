@@ -1,6 +1,6 @@
-// Host launcher for the SM80 forward kernel of one (head dim, dtype). The
-// mask kind (none, causal, local window) picks one of three instantiations;
-// everything else is runtime.
+// Host launcher for the SM80 forward kernel of one (head dim, dtype, score
+// modifiers or not). The mask kind (none, causal, local window) picks one of
+// three instantiations; everything else is runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,9 +13,9 @@
 
 namespace flashtile::sm80 {
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kScoreMod>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  auto* kernel = &fwd_kernel<Traits, kMask>;
+  auto* kernel = &fwd_kernel<Traits, kMask, kScoreMod>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if constexpr (kSmemBytes > 99 * 1024) {
     // Head dim 256's 128 KB: more than sm86, sm89 and sm120 offer.
@@ -35,17 +35,20 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
-// can_implement_fwd(params) passed.
-template <int kHeadDim, class Element>
+// can_implement_fwd(params) passed. kScoreMod: the kernels that apply
+// softcap and ALiBi (params' choice, common/score_mod.hpp); the others
+// refuse params that ask for either.
+template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_fwd(const FwdParams& params, cudaStream_t stream) {
+  if (!kScoreMod && uses_score_mod(params)) return Status::kInvalidArgument;
   FwdParams p = params;  // with causal folded into the window
   switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
     case MaskKind::kNone:
-      return launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone>(p, stream);
+      return launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone, kScoreMod>(p, stream);
     case MaskKind::kCausal:
-      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kCausal>(p, stream);
+      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kCausal, kScoreMod>(p, stream);
     default:  // windows: the causal tiles (short rows)
-      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kLocal>(p, stream);
+      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kLocal, kScoreMod>(p, stream);
   }
 }
 
