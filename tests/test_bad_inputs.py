@@ -197,7 +197,7 @@ def tensor_cases() -> list[Case]:
         Case("func: nheads_k 0", lambda x: F(x.q, resized(x.k, 2, 0), resized(x.v, 2, 0)),
              ValueError, ("k must have at least one head",)),
         Case("func: alibi_slopes on the CPU", lambda x: F(x.q, x.k, x.v, alibi_slopes=torch.ones(4)),
-             ValueError, ("alibi_slopes must be on the same device as q",), cuda_only=True),
+             ValueError, ("alibi_slopes must be on a CUDA device, got cpu",), cuda_only=True),
     ]
     for head_dim, exc, fragment in ((0, ValueError, "head dims go from 1 to 256"),
                                     (264, ValueError, "head dims go from 1 to 256"),

@@ -103,13 +103,6 @@ def test_check_head_dim_with_synthetic_tables():
         _checks.check_head_dim(64, torch.float16, ())
     with raises(KernelNotBuiltError, "softcap/ALiBi", "head dim 64", "FLASHTILE_VARIANTS"):
         _checks.check_head_dim(64, torch.float16, (), variant="scoremod")
-
-
-def test_variant_for():
-    assert _checks.variant_for(0.0, None) == "plain"
-    assert _checks.variant_for(0, None) == "plain"
-    assert _checks.variant_for(2.5, None) == "scoremod"
-    assert _checks.variant_for(0.0, torch.ones(4)) == "scoremod"
     # Padded head dims: the kernel they run must be built; no larger one stands in.
     _checks.check_head_dim(40, torch.bfloat16, table)
     with raises(KernelNotBuiltError, "head dim 128 (which runs head dim 100, zero-padded)", "bf16"):
@@ -122,6 +115,13 @@ def test_variant_for():
     with raises(ValueError, "q: head dim 264 is not supported", "from 1 to 256"):
         _checks.check_head_dim(264, torch.float16, ((256, "fp16"),))
     assert not issubclass(KernelNotBuiltError, ValueError)
+
+
+def test_variant_for():
+    assert _checks.variant_for(0.0, None) == "plain"
+    assert _checks.variant_for(0, None) == "plain"
+    assert _checks.variant_for(2.5, None) == "scoremod"
+    assert _checks.variant_for(0.0, torch.ones(4)) == "scoremod"
 
 
 # --------------------------------------------------------------------------
@@ -529,18 +529,24 @@ def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, wind
         ctx = Ctx()
         _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic, *extra), (out, lse))
         grads = _ops._fwd_backward(ctx, torch.ones_like(out), None)
-    assert seen == [(deterministic, *(window or (-1, -1)))]
-    assert len(grads) == 8 and grads[3:] == (None,) * 5
+    # The options after the window keep their defaults: softcap 0, no ALiBi slopes.
+    assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None)]
+    assert len(grads) >= 8 and all(g is None for g in grads[3:])
     assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
 
 
 def test_custom_ops_default_to_the_atomic_backward_without_a_window():
-    """deterministic and the window have defaults on both ops, so their
-    five-argument form (the README's torch.ops.flashtile.fwd(q, k, v, scale,
-    causal)) still works."""
+    """Every argument after causal has a default on both ops (deterministic,
+    the window, softcap, ALiBi), so their five-argument form (the README's
+    torch.ops.flashtile.fwd(q, k, v, scale, causal)) still works."""
     for op in (torch.ops.flashtile.fwd.default, torch.ops.flashtile.bwd.default):
-        defaults = {a.name: a.default_value for a in op._schema.arguments[-3:]}
-        assert defaults == {"deterministic": False, "window_left": -1, "window_right": -1}, op._schema
+        names = [a.name for a in op._schema.arguments]
+        after_causal = op._schema.arguments[names.index("causal") + 1:]
+        assert all(a.has_default_value() for a in after_causal), op._schema
+        defaults = {a.name: a.default_value for a in after_causal}
+        expected = {"deterministic": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
+                    "alibi_slopes": None}
+        assert {n: defaults[n] for n in expected} == expected, op._schema
 
 
 # --------------------------------------------------------------------------
