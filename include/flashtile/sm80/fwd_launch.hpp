@@ -13,7 +13,7 @@
 
 namespace flashtile::sm80 {
 
-template <class Traits, MaskKind kMask, bool kScoreMod>
+template <class Traits, MaskKind kMask, bool kScoreMod = false>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   auto* kernel = &fwd_kernel<Traits, kMask, kScoreMod>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
