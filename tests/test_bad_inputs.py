@@ -59,6 +59,28 @@ class Inputs:
     def kv(self) -> torch.Tensor:  # (2, 7, 2, 2, d)
         return torch.stack([self.k, self.v], dim=2)
 
+    # The same batch packed for the varlen functions: two sequences of 5
+    # query rows and 7 keys.
+    @property
+    def vq(self) -> torch.Tensor:  # (10, 4, d)
+        return self.q.flatten(0, 1)
+
+    @property
+    def vk(self) -> torch.Tensor:  # (14, 2, d)
+        return self.k.flatten(0, 1)
+
+    @property
+    def vv(self) -> torch.Tensor:  # (14, 2, d)
+        return self.v.flatten(0, 1)
+
+    @property
+    def cu_q(self) -> torch.Tensor:
+        return torch.tensor([0, 5, 10], dtype=torch.int32, device=self.q.device)
+
+    @property
+    def cu_k(self) -> torch.Tensor:
+        return torch.tensor([0, 7, 14], dtype=torch.int32, device=self.q.device)
+
 
 def misaligned_stride(t: torch.Tensor) -> torch.Tensor:
     """The same values with a row stride of head_dim + 1 elements."""
@@ -98,6 +120,16 @@ class Case:
 F = flashtile.flash_attn_func
 QKV = flashtile.flash_attn_qkvpacked_func
 KV = flashtile.flash_attn_kvpacked_func
+VL = flashtile.flash_attn_varlen_func
+VLQKV = flashtile.flash_attn_varlen_qkvpacked_func
+VLKV = flashtile.flash_attn_varlen_kvpacked_func
+
+
+def varlen(x: "Inputs", **changes):
+    """flash_attn_varlen_func on x's packed batch, with some arguments replaced."""
+    args = dict(q=x.vq, k=x.vk, v=x.vv, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=5, max_seqlen_k=7)
+    args.update(changes)
+    return VL(**args)
 
 # Options: every function takes the same ones.
 OPTION_ROWS = [
@@ -140,6 +172,12 @@ def option_cases() -> list[Case]:
         cases.append(Case(f"func: {name}", lambda x, kw=kwargs: F(x.q, x.k, x.v, **kw), exc, fragments))
         cases.append(Case(f"qkvpacked: {name}", lambda x, kw=kwargs: QKV(x.qkv, **kw), exc, fragments))
         cases.append(Case(f"kvpacked: {name}", lambda x, kw=kwargs: KV(x.q, x.kv, **kw), exc, fragments))
+        cases.append(Case(f"varlen: {name}", lambda x, kw=kwargs: varlen(x, **kw), exc, fragments))
+        cases.append(Case(f"varlen_qkvpacked: {name}",
+                          lambda x, kw=kwargs: VLQKV(x.qkv.flatten(0, 1), x.cu_q, 5, **kw), exc, fragments))
+        cases.append(Case(f"varlen_kvpacked: {name}",
+                          lambda x, kw=kwargs: VLKV(x.vq, x.kv.flatten(0, 1), x.cu_q, x.cu_k, 5, 7, **kw),
+                          exc, fragments))
     return cases
 
 
@@ -237,7 +275,73 @@ def packed_cases() -> list[Case]:
     ]
 
 
-CASES = option_cases() + tensor_cases() + packed_cases()
+def varlen_cases() -> list[Case]:
+    i64 = torch.int64
+    return [
+        Case("varlen: q 4-D", lambda x: varlen(x, q=x.q), ValueError, ("q must be 3-D", "4-D")),
+        Case("varlen: k 2-D", lambda x: varlen(x, k=x.vk[:, 0]), ValueError, ("k must be 3-D",)),
+        Case("varlen: v rows differ from k", lambda x: varlen(x, v=x.vv[:13]), ValueError,
+             ("v must have the shape of k",)),
+        Case("varlen: k head dim differs", lambda x: varlen(x, k=resized(x.vk, 2, 16)), ValueError,
+             ("k must have the same head dim as q",)),
+        Case("varlen: nheads not a multiple", lambda x: varlen(x, k=resized(x.vk, 1, 3), v=resized(x.vv, 1, 3)),
+             ValueError, ("nheads of q (4) must be a multiple of nheads of k (3)",)),
+        Case("varlen: q float32", lambda x: varlen(x, q=x.vq.float()), ValueError,
+             ("q must be float16 or bfloat16",)),
+        Case("varlen: head dim 264", lambda x: varlen(x, q=resized(x.vq, 2, 264), k=resized(x.vk, 2, 264),
+                                                      v=resized(x.vv, 2, 264)),
+             ValueError, ("q: head dim 264",)),
+        Case("varlen: q last dim not contiguous", lambda x: varlen(x, q=transposed_last_dim(x.vq)), ValueError,
+             ("q must have a contiguous last dimension",)),
+        Case("varlen: cu_seqlens_q a list", lambda x: varlen(x, cu_seqlens_q=[0, 5, 10]), TypeError,
+             ("cu_seqlens_q must be a torch.Tensor", "list")),
+        Case("varlen: cu_seqlens_q int64", lambda x: varlen(x, cu_seqlens_q=x.cu_q.to(i64)), ValueError,
+             ("cu_seqlens_q must be int32", "int64")),
+        Case("varlen: cu_seqlens_q 2-D", lambda x: varlen(x, cu_seqlens_q=x.cu_q[None]), ValueError,
+             ("cu_seqlens_q must be 1-D",)),
+        Case("varlen: cu_seqlens_q empty", lambda x: varlen(x, cu_seqlens_q=x.cu_q[:0]), ValueError,
+             ("cu_seqlens_q must have batch + 1 >= 1 entries",)),
+        Case("varlen: cu_seqlens_q strided",
+             lambda x: varlen(x, cu_seqlens_q=torch.stack([x.cu_q, x.cu_q], dim=1)[:, 0]), ValueError,
+             ("cu_seqlens_q must be contiguous",)),
+        Case("varlen: cu_seqlens_k of another batch", lambda x: varlen(x, cu_seqlens_k=x.cu_k[:2]), ValueError,
+             ("cu_seqlens_k must have 3 entries",)),
+        Case("varlen: cu_seqlens_k float", lambda x: varlen(x, cu_seqlens_k=x.cu_k.float()), ValueError,
+             ("cu_seqlens_k must be int32",)),
+        Case("varlen: max_seqlen_q a float", lambda x: varlen(x, max_seqlen_q=5.0), TypeError,
+             ("max_seqlen_q must be an int", "float")),
+        Case("varlen: max_seqlen_q a tensor", lambda x: varlen(x, max_seqlen_q=torch.tensor(5)), TypeError,
+             ("max_seqlen_q must be an int", "Tensor")),
+        Case("varlen: max_seqlen_k negative", lambda x: varlen(x, max_seqlen_k=-1), ValueError,
+             ("max_seqlen_k must be in [0,",)),
+        Case("varlen: max_seqlen_k above the limit", lambda x: varlen(x, max_seqlen_k=2**29 + 1), ValueError,
+             ("max_seqlen_k must be in [0, 536870912]",)),
+        Case("varlen: seqused_k of another batch",
+             lambda x: varlen(x, seqused_k=torch.tensor([7], dtype=torch.int32, device=x.q.device)), ValueError,
+             ("seqused_k must have 2 entries",)),
+        Case("varlen: seqused_k int64",
+             lambda x: varlen(x, seqused_k=torch.tensor([7, 7], device=x.q.device)), ValueError,
+             ("seqused_k must be int32",)),
+        Case("varlen: block_table given", lambda x: varlen(x, block_table=torch.zeros(2, 1, dtype=torch.int32)),
+             NotImplementedError, ("block_table",)),
+        Case("varlen: alibi_slopes of another batch", lambda x: varlen(x, alibi_slopes=torch.ones(3, 4)),
+             ValueError, ("alibi_slopes must have shape", "(batch, nheads) = (2, 4)")),
+        Case("varlen: q on the CPU", lambda x: varlen(x, q=x.vq.cpu()), ValueError,
+             ("q must be on a CUDA device, got cpu",), cuda_only=True),
+        Case("varlen: cu_seqlens_q on the CPU", lambda x: varlen(x, cu_seqlens_q=x.cu_q.cpu()), ValueError,
+             ("cu_seqlens_q must be on a CUDA device, got cpu",), cuda_only=True),
+        Case("varlen_qkvpacked: qkv 5-D", lambda x: VLQKV(x.qkv, x.cu_q, 5), ValueError,
+             ("qkv must be 4-D (total, 3, nheads, headdim)",)),
+        Case("varlen_qkvpacked: cu_seqlens int64", lambda x: VLQKV(x.qkv.flatten(0, 1), x.cu_q.to(i64), 5),
+             ValueError, ("cu_seqlens_q must be int32",)),
+        Case("varlen_kvpacked: kv 5-D", lambda x: VLKV(x.vq, x.kv, x.cu_q, x.cu_k, 5, 7), ValueError,
+             ("kv must be 4-D (total_k, 2, nheads_k, headdim)",)),
+        Case("varlen_kvpacked: max_seqlen_k None", lambda x: VLKV(x.vq, x.kv.flatten(0, 1), x.cu_q, x.cu_k, 5, None),
+             TypeError, ("max_seqlen_k must be an int",)),
+    ]
+
+
+CASES = option_cases() + tensor_cases() + packed_cases() + varlen_cases()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -256,7 +360,9 @@ def test_bad_input_is_refused_naming_the_argument(case, device):
 # The row prefix of each public function; a new public function fails
 # test_the_table_covers_every_public_function until it has rows here.
 ROW_PREFIX = {"flash_attn_func": "func", "flash_attn_qkvpacked_func": "qkvpacked",
-              "flash_attn_kvpacked_func": "kvpacked"}
+              "flash_attn_kvpacked_func": "kvpacked", "flash_attn_varlen_func": "varlen",
+              "flash_attn_varlen_qkvpacked_func": "varlen_qkvpacked",
+              "flash_attn_varlen_kvpacked_func": "varlen_kvpacked"}
 
 
 def test_the_table_covers_every_public_function():

@@ -529,8 +529,9 @@ def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, wind
         ctx = Ctx()
         _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic, *extra), (out, lse))
         grads = _ops._fwd_backward(ctx, torch.ones_like(out), None)
-    # The options after the window keep their defaults: softcap 0, no ALiBi slopes.
-    assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None)]
+    # The options after the window keep their defaults: softcap 0, no ALiBi
+    # slopes, no varlen offsets.
+    assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None, None, None, None, 0, 0)]
     assert len(grads) >= 8 and all(g is None for g in grads[3:])
     assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
 

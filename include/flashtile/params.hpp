@@ -4,6 +4,14 @@
 
 #include <cstdint>
 
+#ifndef FLASHTILE_HOST_DEVICE
+#ifdef __CUDACC__
+#define FLASHTILE_HOST_DEVICE __host__ __device__
+#else
+#define FLASHTILE_HOST_DEVICE
+#endif
+#endif
+
 namespace flashtile {
 
 enum class DType : int { kFp16 = 0, kBf16 = 1 };
@@ -53,6 +61,22 @@ struct FwdParams {
   // head; a batch stride of 0 shares one row of slopes). nullptr turns it off.
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0, alibi_slopes_head_stride = 1;
+  // Variable-length batches (flash_attn_varlen_func), when cu_seqlens_q is
+  // set: q and out are (total_q, nheads, head_dim) and k, v (total_k,
+  // nheads_k, head_dim), their batch strides unused; sequence b is rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b],
+  // cu_seqlens_k[b + 1]) of k and v (int32, batch + 1 entries, on the
+  // device), of which it uses the first seqused_k[b] keys when seqused_k is
+  // set. seqlen_q and seqlen_k are then the longest sequence's (the grid),
+  // total_q is q's row count, and lse is (nheads, total_q). Masks and ALiBi
+  // align to each sequence's own bottom-right corner. Lengths are clamped to
+  // [0, seqlen_*] and rows to [0, total_*], so malformed offsets give wrong
+  // rows, never accesses outside the tensors.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_k = nullptr;
+  int total_q = 0;
+  int total_k = 0;
   DType dtype = DType::kBf16;
 };
 
@@ -96,12 +120,23 @@ struct BwdParams {
   float softcap = 0.f;  // as FwdParams
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0, alibi_slopes_head_stride = 1;
+  const int* cu_seqlens_q = nullptr;  // as FwdParams; dout and dq like q, dk and dv like k
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_k = nullptr;
+  int total_q = 0;
+  int total_k = 0;
   // Sum dQ in a fixed order (a second kernel, no atomics), so that two runs
   // give bitwise-identical gradients. Costs time (benchmarks/NOTES.md) and
   // changes bwd_workspace_bytes().
   bool deterministic = false;
   DType dtype = DType::kBf16;
 };
+
+// True for a variable-length batch (cu_seqlens).
+template <class Params>
+constexpr bool is_varlen(const Params& p) {
+  return p.cu_seqlens_q != nullptr;
+}
 
 // True when params ask for softcap or ALiBi, which only the kernels built
 // with score modifiers apply (run_fwd / run_bwd<..., true>).

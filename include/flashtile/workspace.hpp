@@ -1,13 +1,16 @@
 // The backward's device workspace: the fp32 dQ accumulator and rowsum(dO ∘ O)
-// (batch, nheads, seqlen_q). The caller allocates bwd_workspace_bytes(params)
-// bytes. The accumulator is (batch, nheads, bwd_dq_accum_rows, head_dim),
-// each query block of it in the main kernel's register order (opaque outside
-// the kernels); deterministic mode has none, its dQ kernel writes dq directly.
+// (batch, nheads, seqlen_q), or (nheads, total_q) when varlen, as lse. The
+// caller allocates bwd_workspace_bytes(params) bytes. The accumulator is
+// (batch, nheads, bwd_dq_accum_rows, head_dim), or (nheads,
+// bwd_dq_accum_rows, head_dim) when varlen, each query block of it in the
+// main kernel's register order (opaque outside the kernels); deterministic
+// mode has none, its dQ kernel writes dq directly.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
 
 namespace flashtile {
@@ -18,30 +21,42 @@ struct BwdWorkspace {
   float* dsum;
 };
 
-#ifndef FLASHTILE_HOST_DEVICE
-#ifdef __CUDACC__
-#define FLASHTILE_HOST_DEVICE __host__ __device__
-#else
-#define FLASHTILE_HOST_DEVICE
-#endif
-#endif
-
 // Every backward kernel's query block divides this.
 constexpr int kBwdDqAccumRowAlign = 128;
 
-// seqlen_q rounded up to whole query blocks.
+// The accumulator's rows per (batch, head): seqlen_q rounded up to whole
+// query blocks. Varlen: per head, each sequence's rows start on a multiple
+// of kBwdDqAccumRowAlign (bwd_dq_accum_row), which takes at most
+// kBwdDqAccumRowAlign more rows per sequence.
 FLASHTILE_HOST_DEVICE inline int64_t bwd_dq_accum_rows(const BwdParams& p) {
-  return (int64_t(p.seqlen_q) + kBwdDqAccumRowAlign - 1) / kBwdDqAccumRowAlign * kBwdDqAccumRowAlign;
+  const int64_t rows = is_varlen(p) ? int64_t(p.total_q) + int64_t(kBwdDqAccumRowAlign) * p.batch : p.seqlen_q;
+  return (rows + kBwdDqAccumRowAlign - 1) / kBwdDqAccumRowAlign * kBwdDqAccumRowAlign;
+}
+
+// The accumulator row of (this sequence, head, row 0). Varlen: sequence b
+// starts at (q_start + 128 b) rounded down to a multiple of 128, which is
+// past the previous sequence's rounded-up rows.
+FLASHTILE_HOST_DEVICE inline int64_t bwd_dq_accum_row(const BwdParams& p, const SeqInfo& seq, int head) {
+  if (!seq.varlen) return (int64_t(seq.batch) * p.nheads + head) * bwd_dq_accum_rows(p);
+  const int64_t start = (int64_t(seq.q_start) + int64_t(kBwdDqAccumRowAlign) * seq.batch) / kBwdDqAccumRowAlign *
+                        kBwdDqAccumRowAlign;
+  return int64_t(head) * bwd_dq_accum_rows(p) + start;
+}
+
+// Rows of lse and dsum: batch · seqlen_q, or total_q when varlen.
+inline int64_t bwd_query_rows(const BwdParams& p) {
+  return is_varlen(p) ? int64_t(p.total_q) : int64_t(p.batch) * p.seqlen_q;
 }
 
 inline size_t bwd_dq_accum_bytes(const BwdParams& p) {
   if (p.deterministic) return 0;
-  const size_t bytes = size_t(p.batch) * p.nheads * bwd_dq_accum_rows(p) * p.head_dim * sizeof(float);
+  const int64_t heads_rows = is_varlen(p) ? int64_t(p.nheads) : int64_t(p.batch) * p.nheads;
+  const size_t bytes = size_t(heads_rows) * bwd_dq_accum_rows(p) * p.head_dim * sizeof(float);
   return (bytes + 255) / 256 * 256;  // keeps dsum 256-byte aligned
 }
 
 inline size_t bwd_workspace_bytes(const BwdParams& p) {
-  return bwd_dq_accum_bytes(p) + size_t(p.batch) * p.nheads * p.seqlen_q * sizeof(float);
+  return bwd_dq_accum_bytes(p) + size_t(bwd_query_rows(p)) * p.nheads * sizeof(float);
 }
 
 inline BwdWorkspace bwd_workspace_layout(const BwdParams& p, void* workspace) {

@@ -43,22 +43,88 @@ flashtile::DType element_dtype(const CudaArray& a, const char* name) {
   raise_value_error(std::string(name) + " must be float16 or bfloat16");
 }
 
-// The kernels move 16-byte vectors: base pointer and every stride but the
-// last (which must be 1) must be multiples of 16 bytes.
-void require_vector_aligned(const CudaArray& a, const char* name) {
-  require(a.ndim() == 4, std::string(name) + " must be 4-D (batch, seqlen, nheads, head_dim)");
-  require(a.stride(3) == 1, std::string(name) + " must have a contiguous last dim (stride 1)");
-  require(reinterpret_cast<uintptr_t>(a.data()) % 16 == 0,
-          std::string(name) + ": data pointer must be 16-byte aligned");
-  for (int i = 0; i < 3; ++i) {
-    require(a.stride(i) * 2 % 16 == 0,
-            std::string(name) + ": strides of dims 0-2 must be multiples of 16 bytes, got " +
-                std::to_string(a.stride(i)) + " elements in dim " + std::to_string(i));
+// An array as the kernels see it: 4-D (batch, rows, heads, head_dim). A
+// varlen array is 3-D (total, heads, head_dim), one packed sequence: batch 1
+// with stride 0. The kernels move 16-byte vectors: base pointer and every
+// stride but the last (which must be 1) must be multiples of 16 bytes.
+class Rows4 {
+ public:
+  Rows4(const CudaArray& a, const char* name, bool varlen) : a_(a), lead_(varlen ? 1 : 0) {
+    require(a.ndim() == size_t(4 - lead_), std::string(name) + (varlen ? " must be 3-D (total, nheads, head_dim)"
+                                                                      : " must be 4-D (batch, seqlen, nheads, head_dim)"));
+    const int last = int(a.ndim()) - 1;
+    require(a.stride(last) == 1, std::string(name) + " must have a contiguous last dim (stride 1)");
+    require(reinterpret_cast<uintptr_t>(a.data()) % 16 == 0,
+            std::string(name) + ": data pointer must be 16-byte aligned");
+    for (int i = 0; i < last; ++i) {
+      require(a.stride(i) * 2 % 16 == 0,
+              std::string(name) + ": strides of every dim but the last must be multiples of 16 bytes, got " +
+                  std::to_string(a.stride(i)) + " elements in dim " + std::to_string(i));
+    }
+  }
+  int64_t shape(int i) const { return i < lead_ ? 1 : int64_t(a_.shape(i - lead_)); }
+  int64_t stride(int i) const { return i < lead_ ? 0 : a_.stride(i - lead_); }
+  void strides(int64_t& batch, int64_t& row, int64_t& head) const { batch = stride(0), row = stride(1), head = stride(2); }
+
+ private:
+  const CudaArray& a_;
+  int lead_;
+};
+
+// lse: (batch, nheads, seqlen_q) fp32, or (nheads, total_q) when varlen, contiguous.
+void require_lse(const CudaArray& lse, const Rows4& q, bool varlen) {
+  require(is_dtype(lse, nb::dlpack::dtype_code::Float, 32), "lse must be float32");
+  const std::string shape = varlen ? "(nheads, total_q)" : "(batch, nheads, seqlen_q)";
+  const int lead = varlen ? 1 : 0;
+  auto dim = [&](int i) { return i < lead ? int64_t(1) : int64_t(lse.shape(i - lead)); };
+  require(lse.ndim() == size_t(3 - lead) && dim(0) == q.shape(0) && dim(1) == q.shape(2) && dim(2) == q.shape(1),
+          "lse must have shape " + shape);
+  int64_t expected = 1;
+  for (int i = int(lse.ndim()) - 1; i >= 0; --i) {
+    require(lse.shape(i) <= 1 || lse.stride(i) == expected, "lse must be contiguous");
+    expected *= int64_t(lse.shape(i));
   }
 }
 
-void strides_of(const CudaArray& a, int64_t& batch, int64_t& row, int64_t& head) {
-  batch = a.stride(0), row = a.stride(1), head = a.stride(2);
+// A variable-length batch's offsets: cu_seqlens_q and cu_seqlens_k int32,
+// 1-D, contiguous, batch + 1 entries; seqused_k int32 (batch,). The arrays'
+// rows become total_q and total_k, the maxima seqlen_q and seqlen_k.
+struct VarlenArgs {
+  const std::optional<CudaArray>& cu_seqlens_q;
+  const std::optional<CudaArray>& cu_seqlens_k;
+  const std::optional<CudaArray>& seqused_k;
+  int max_seqlen_q;
+  int max_seqlen_k;
+  bool on() const { return cu_seqlens_q.has_value(); }
+};
+
+void require_int32_vector(const CudaArray& a, const char* name, int64_t length, int device) {
+  require(is_dtype(a, nb::dlpack::dtype_code::Int, 32), std::string(name) + " must be int32");
+  require(a.ndim() == 1 && int64_t(a.shape(0)) == length,
+          std::string(name) + " must be 1-D of length " + std::to_string(length));
+  require(a.shape(0) <= 1 || a.stride(0) == 1, std::string(name) + " must be contiguous");
+  require(a.device_id() == device, std::string(name) + " must be on q's CUDA device");
+}
+
+template <class Params>
+void set_varlen(Params& p, const VarlenArgs& vl, int device) {
+  require(vl.cu_seqlens_q.has_value() == vl.cu_seqlens_k.has_value(),
+          "cu_seqlens_q and cu_seqlens_k must be given together");
+  require(vl.on() || !vl.seqused_k.has_value(), "seqused_k needs cu_seqlens_q and cu_seqlens_k");
+  if (!vl.on()) return;
+  require(vl.cu_seqlens_q->ndim() == 1 && vl.cu_seqlens_q->shape(0) >= 2,
+          "cu_seqlens_q must be 1-D with batch + 1 >= 2 entries");
+  const int64_t entries = int64_t(vl.cu_seqlens_q->shape(0));
+  require_int32_vector(*vl.cu_seqlens_q, "cu_seqlens_q", entries, device);
+  require_int32_vector(*vl.cu_seqlens_k, "cu_seqlens_k", entries, device);
+  if (vl.seqused_k) require_int32_vector(*vl.seqused_k, "seqused_k", entries - 1, device);
+  require(vl.max_seqlen_q >= 1 && vl.max_seqlen_k >= 1, "max_seqlen_q and max_seqlen_k must be >= 1");
+  p.total_q = p.seqlen_q, p.total_k = p.seqlen_k;  // the packed rows
+  p.batch = int(entries - 1);
+  p.seqlen_q = vl.max_seqlen_q, p.seqlen_k = vl.max_seqlen_k;
+  p.cu_seqlens_q = static_cast<const int*>(vl.cu_seqlens_q->data());
+  p.cu_seqlens_k = static_cast<const int*>(vl.cu_seqlens_k->data());
+  p.seqused_k = vl.seqused_k ? static_cast<const int*>(vl.seqused_k->data()) : nullptr;
 }
 
 // Turns a Status into the Python exception a caller of flashtile expects.
@@ -103,65 +169,66 @@ void set_score_mod(Params& p, float softcap, const std::optional<CudaArray>& ali
 
 void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
          const CudaArray& lse, float softmax_scale, bool causal, uintptr_t stream, int window_left,
-         int window_right, float softcap, const std::optional<CudaArray>& alibi_slopes) {
+         int window_right, float softcap, const std::optional<CudaArray>& alibi_slopes,
+         const std::optional<CudaArray>& cu_seqlens_q, const std::optional<CudaArray>& cu_seqlens_k,
+         const std::optional<CudaArray>& seqused_k, int max_seqlen_q, int max_seqlen_k) {
+  const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
   const flashtile::DType dtype = element_dtype(q, "q");
   require(element_dtype(k, "k") == dtype && element_dtype(v, "v") == dtype &&
               element_dtype(out, "out") == dtype,
           "q, k, v and out must share one dtype");
-  require(is_dtype(lse, nb::dlpack::dtype_code::Float, 32), "lse must be float32");
   const int device = q.device_id();
   require(k.device_id() == device && v.device_id() == device && out.device_id() == device &&
               lse.device_id() == device,
           "q, k, v, out and lse must be on one CUDA device");
-  require_vector_aligned(q, "q");
-  require_vector_aligned(k, "k");
-  require_vector_aligned(v, "v");
-  require_vector_aligned(out, "out");
+  const Rows4 Q(q, "q", varlen.on()), K(k, "k", varlen.on()), V(v, "v", varlen.on()), O(out, "out", varlen.on());
+  require_lse(lse, Q, varlen.on());
 
   flashtile::FwdParams p;
-  p.batch = static_cast<int>(q.shape(0));
-  p.seqlen_q = static_cast<int>(q.shape(1));
-  p.nheads = static_cast<int>(q.shape(2));
-  p.head_dim = static_cast<int>(q.shape(3));
-  p.seqlen_k = static_cast<int>(k.shape(1));
-  p.nheads_k = static_cast<int>(k.shape(2));
+  p.batch = static_cast<int>(Q.shape(0));
+  p.seqlen_q = static_cast<int>(Q.shape(1));
+  p.nheads = static_cast<int>(Q.shape(2));
+  p.head_dim = static_cast<int>(Q.shape(3));
+  p.seqlen_k = static_cast<int>(K.shape(1));
+  p.nheads_k = static_cast<int>(K.shape(2));
   for (int i = 0; i < 4; ++i) {
-    require(k.shape(i) == v.shape(i), "k and v must have the same shape");
-    require(out.shape(i) == q.shape(i), "out must have q's shape");
+    require(K.shape(i) == V.shape(i), "k and v must have the same shape");
+    require(O.shape(i) == Q.shape(i), "out must have q's shape");
   }
-  require(k.shape(0) == q.shape(0), "k must have q's batch size");
-  require(k.shape(3) == q.shape(3), "k must have q's head_dim");
-  require(lse.ndim() == 3 && lse.shape(0) == q.shape(0) && lse.shape(1) == q.shape(2) &&
-              lse.shape(2) == q.shape(1),
-          "lse must have shape (batch, nheads, seqlen_q)");
-  require(lse.stride(2) == 1 && lse.stride(1) == static_cast<int64_t>(lse.shape(2)) &&
-              lse.stride(0) == static_cast<int64_t>(lse.shape(1) * lse.shape(2)),
-          "lse must be contiguous");
+  require(K.shape(0) == Q.shape(0), "k must have q's batch size");
+  require(K.shape(3) == Q.shape(3), "k must have q's head_dim");
 
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
   p.out = out.data();
   p.lse = static_cast<float*>(lse.data());
-  strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  strides_of(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  Q.strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  K.strides(p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  V.strides(p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  O.strides(p.out_batch_stride, p.out_row_stride, p.out_head_stride);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.window_left = window_left;
   p.window_right = window_right;
   p.dtype = dtype;
+  set_varlen(p, varlen, device);
   set_score_mod(p, softcap, alibi_slopes, device);
 
   raise_for_status(flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream)), "fwd", p.head_dim,
                    dtype, flashtile::variant_for(p));
 }
 
-size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bool deterministic) {
+size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bool deterministic,
+                           int varlen_total_q) {
   flashtile::BwdParams p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.head_dim = head_dim;
   p.deterministic = deterministic;
+  if (varlen_total_q >= 0) {
+    static const int kAnyOffsets = 0;  // only cu_seqlens_q's presence matters here
+    p.cu_seqlens_q = &kAnyOffsets;
+    p.total_q = varlen_total_q;
+  }
   return flashtile::bwd_workspace_bytes(p);
 }
 
@@ -169,7 +236,10 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
          const CudaArray& out, const CudaArray& lse, const CudaArray& dq, const CudaArray& dk,
          const CudaArray& dv, const CudaArray& workspace, float softmax_scale, bool causal,
          bool deterministic, uintptr_t stream, int window_left, int window_right, float softcap,
-         const std::optional<CudaArray>& alibi_slopes) {
+         const std::optional<CudaArray>& alibi_slopes, const std::optional<CudaArray>& cu_seqlens_q,
+         const std::optional<CudaArray>& cu_seqlens_k, const std::optional<CudaArray>& seqused_k,
+         int max_seqlen_q, int max_seqlen_k) {
+  const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
   const flashtile::DType dtype = element_dtype(q, "q");
   const std::pair<const CudaArray*, const char*> same_dtype[] = {
       {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
@@ -177,57 +247,47 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
     require(element_dtype(*a, name) == dtype,
             std::string(name) + " must have q's dtype (q, k, v, out, dout, dq, dk and dv share one)");
   }
-  require(is_dtype(lse, nb::dlpack::dtype_code::Float, 32), "lse must be float32");
   const int device = q.device_id();
   const CudaArray* all[] = {&k, &v, &out, &dout, &dq, &dk, &dv, &lse, &workspace};
   for (const CudaArray* a : all) {
     require(a->device_id() == device, "all arrays must be on one CUDA device");
   }
-  require_vector_aligned(q, "q");
-  require_vector_aligned(k, "k");
-  require_vector_aligned(v, "v");
-  require_vector_aligned(out, "out");
-  require_vector_aligned(dout, "dout");
-  require_vector_aligned(dq, "dq");
-  require_vector_aligned(dk, "dk");
-  require_vector_aligned(dv, "dv");
+  const bool vl = varlen.on();
+  const Rows4 Q(q, "q", vl), K(k, "k", vl), V(v, "v", vl), O(out, "out", vl), dO(dout, "dout", vl),
+      dQ(dq, "dq", vl), dK(dk, "dk", vl), dV(dv, "dv", vl);
   for (int i = 0; i < 4; ++i) {
-    require(k.shape(i) == v.shape(i) && dk.shape(i) == k.shape(i) && dv.shape(i) == k.shape(i),
+    require(K.shape(i) == V.shape(i) && dK.shape(i) == K.shape(i) && dV.shape(i) == K.shape(i),
             "k, v, dk and dv must have the same shape");
-    require(out.shape(i) == q.shape(i) && dout.shape(i) == q.shape(i) && dq.shape(i) == q.shape(i),
+    require(O.shape(i) == Q.shape(i) && dO.shape(i) == Q.shape(i) && dQ.shape(i) == Q.shape(i),
             "out, dout and dq must have q's shape");
   }
-  require(k.shape(0) == q.shape(0) && k.shape(3) == q.shape(3),
+  require(K.shape(0) == Q.shape(0) && K.shape(3) == Q.shape(3),
           "k must have q's batch size and head_dim");
-  require(lse.ndim() == 3 && lse.shape(0) == q.shape(0) && lse.shape(1) == q.shape(2) &&
-              lse.shape(2) == q.shape(1),
-          "lse must have shape (batch, nheads, seqlen_q)");
-  require(lse.stride(2) == 1 && lse.stride(1) == static_cast<int64_t>(lse.shape(2)) &&
-              lse.stride(0) == static_cast<int64_t>(lse.shape(1) * lse.shape(2)),
-          "lse must be contiguous");
+  require_lse(lse, Q, vl);
   require(workspace.ndim() == 1 && workspace.stride(0) == 1, "workspace must be a contiguous 1-D array");
 
   flashtile::BwdParams p;
-  p.batch = static_cast<int>(q.shape(0));
-  p.seqlen_q = static_cast<int>(q.shape(1));
-  p.nheads = static_cast<int>(q.shape(2));
-  p.head_dim = static_cast<int>(q.shape(3));
-  p.seqlen_k = static_cast<int>(k.shape(1));
-  p.nheads_k = static_cast<int>(k.shape(2));
+  p.batch = static_cast<int>(Q.shape(0));
+  p.seqlen_q = static_cast<int>(Q.shape(1));
+  p.nheads = static_cast<int>(Q.shape(2));
+  p.head_dim = static_cast<int>(Q.shape(3));
+  p.seqlen_k = static_cast<int>(K.shape(1));
+  p.nheads_k = static_cast<int>(K.shape(2));
   p.deterministic = deterministic;
+  set_varlen(p, varlen, device);
   require(workspace.nbytes() >= flashtile::bwd_workspace_bytes(p),
           "workspace is smaller than bwd_workspace_bytes()");
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.data(), p.dout = dout.data();
   p.lse = static_cast<const float*>(lse.data());
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.workspace = workspace.data();
-  strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  strides_of(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
-  strides_of(dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
-  strides_of(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-  strides_of(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  strides_of(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  Q.strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  K.strides(p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  V.strides(p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  O.strides(p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  dO.strides(p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
+  dQ.strides(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  dK.strides(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  dV.strides(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.window_left = window_left;
@@ -254,22 +314,30 @@ NB_MODULE(_C, m) {
   m.def("fwd", &fwd, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         "Attention forward into caller-allocated out (batch, seqlen_q, nheads, head_dim) and "
         "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device. "
         "window_left/right: a sliding window (FwdParams), -1 for unbounded. softcap > 0 and "
-        "alibi_slopes (fp32, (nheads,) or (batch, nheads)) run the scoremod kernels.");
+        "alibi_slopes (fp32, (nheads,) or (batch, nheads)) run the scoremod kernels. With "
+        "cu_seqlens_q/k (int32, batch + 1): a variable-length batch, q/k/v/out (total, nheads, "
+        "head_dim), lse (nheads, total_q), max_seqlen_q/k the longest sequences, seqused_k (int32, "
+        "batch) the keys each sequence uses.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"), nb::arg("stream"),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.f,
-        nb::arg("alibi_slopes").none() = nb::none(),
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("cu_seqlens_q").none() = nb::none(),
+        nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("seqused_k").none() = nb::none(),
+        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         "Attention backward into caller-allocated dq (q's shape), dk and dv (k's shape), "
         "using a device workspace of bwd_workspace_bytes(...) bytes. deterministic: sum dq in "
         "a fixed order (bitwise reproducible) instead of with atomic adds.");
   m.def("bwd_workspace_bytes", &bwd_workspace_bytes, nb::arg("batch"), nb::arg("seqlen_q"),
-        nb::arg("nheads"), nb::arg("head_dim"), nb::arg("deterministic"),
+        nb::arg("nheads"), nb::arg("head_dim"), nb::arg("deterministic"), nb::arg("varlen_total_q") = -1,
         "Bytes of device workspace the backward needs (fp32 dQ accumulator unless "
-        "deterministic, and row sums).");
+        "deterministic, and row sums); varlen_total_q >= 0: a variable-length batch of that "
+        "many query rows.");
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
 }

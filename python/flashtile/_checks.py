@@ -74,6 +74,10 @@ __all__ = [
     "variant_for",
     "check_qkvpacked",
     "check_kvpacked",
+    "check_varlen_tensors",
+    "check_varlen_qkvpacked",
+    "check_varlen_kvpacked",
+    "check_block_table",
 ]
 
 
@@ -455,3 +459,114 @@ def check_kvpacked(kv) -> None:
             "kv must be 5-D (batch, seqlen_k, 2, nheads_k, headdim), "
             f"got {kv.dim()}-D shape {_fmt_shape(kv)}"
         )
+
+
+# --------------------------------------------------------------------------
+# variable-length batches: q (total_q, nheads, headdim), k and v (total_k,
+# nheads_k, headdim), sequence b at rows cu_seqlens[b]:cu_seqlens[b + 1]
+# --------------------------------------------------------------------------
+
+
+def _check_max_seqlen(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= value <= _MAX_SEQLEN:
+        raise ValueError(f"{name} must be in [0, {_MAX_SEQLEN}], got {value}")
+
+
+def _check_offsets(t, name: str, length=None) -> None:
+    """An int32, 1-D, contiguous offsets tensor (of `length` entries when given)."""
+    _check_is_tensor(t, name)
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got {t.dim()}-D shape {_fmt_shape(t)}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries (one per sequence), got shape {_fmt_shape(t)}")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got strides {_fmt_stride(t)}; call .contiguous() first")
+
+
+def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, fwd_built,
+                         names=("q", "k", "v"), seqused_k=None, alibi_slopes=None, variant: str = "plain") -> None:
+    """Validate a variable-length batch for the forward. The offsets' values
+    live on the device and are not read (that would synchronize); the kernels
+    clamp them into the tensors, so wrong offsets give wrong rows, never
+    accesses outside them."""
+    nq, nk, nv = names
+    for t, name in ((q, nq), (k, nk), (v, nv)):
+        _check_is_tensor(t, name)
+    for t, name, what in ((q, nq, "(total_q, nheads, headdim)"), (k, nk, "(total_k, nheads_k, headdim)"),
+                          (v, nv, "(total_k, nheads_k, headdim)")):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D {what}, got {t.dim()}-D shape {_fmt_shape(t)}")
+    if _dtype_name(q.dtype) is None:
+        raise ValueError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
+    for t, name in ((k, nk), (v, nv)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have the same dtype as {nq} ({q.dtype}), got {t.dtype}")
+    total_q, nheads, head_dim = q.shape
+    total_k, nheads_k, _ = k.shape
+    for t, name in ((k, nk), (v, nv)):
+        if t.shape[2] != head_dim:
+            raise ValueError(f"{name} must have the same head dim as {nq} ({head_dim}), got shape {_fmt_shape(t)}")
+    if v.shape[0] != total_k or v.shape[1] != nheads_k:
+        raise ValueError(f"{nv} must have the shape of {nk} {_fmt_shape(k)}, got {_fmt_shape(v)}")
+    if nheads_k == 0:
+        raise ValueError(f"{nk} must have at least one head, got shape {_fmt_shape(k)}")
+    if nheads % nheads_k != 0:
+        raise ValueError(
+            f"{nk}: nheads of {nq} ({nheads}) must be a multiple of nheads of {nk} ({nheads_k}), "
+            f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
+        )
+    for t, name in ((q, nq), (k, nk)):
+        if t.shape[0] > _MAX_GRID_BLOCKS:
+            raise ValueError(f"{name}: {t.shape[0]} rows are above the supported {_MAX_GRID_BLOCKS}")
+
+    _check_offsets(cu_seqlens_q, "cu_seqlens_q")
+    if cu_seqlens_q.shape[0] < 1:
+        raise ValueError("cu_seqlens_q must have batch + 1 >= 1 entries, got shape (0)")
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_offsets(cu_seqlens_k, "cu_seqlens_k", batch + 1)
+    if seqused_k is not None:
+        _check_offsets(seqused_k, "seqused_k", batch)
+    _check_max_seqlen(max_seqlen_q, "max_seqlen_q")
+    _check_max_seqlen(max_seqlen_k, "max_seqlen_k")
+    if batch > _MAX_GRID_YZ:
+        raise ValueError(f"cu_seqlens_q: {batch} sequences are above the supported {_MAX_GRID_YZ}")
+    for blocks, what in ((-(-max_seqlen_q // 64) * nheads * batch, "batch × nheads × ceil(max_seqlen_q / 64)"),
+                         (-(-max_seqlen_k // 64) * nheads_k * batch, "batch × nheads_k × ceil(max_seqlen_k / 64)")):
+        if blocks > _MAX_GRID_BLOCKS:
+            raise ValueError(f"{what} = {blocks} is above the {_MAX_GRID_BLOCKS} blocks of a kernel grid")
+
+    check_head_dim(head_dim, q.dtype, fwd_built, name=nq, variant=variant)
+    if kernel_head_dim(head_dim) == head_dim:
+        for t, name in ((q, nq), (k, nk), (v, nv)):
+            check_layout(t, name)
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, batch, nheads)
+
+    tensors = [(q, nq), (k, nk), (v, nv), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")]
+    if seqused_k is not None:
+        tensors.append((seqused_k, "seqused_k"))
+    if alibi_slopes is not None:
+        tensors.append((alibi_slopes, "alibi_slopes"))
+    check_devices(*zip(*tensors))
+
+
+def check_varlen_qkvpacked(qkv) -> None:
+    _check_is_tensor(qkv, "qkv")
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv must be 4-D (total, 3, nheads, headdim), got {qkv.dim()}-D shape {_fmt_shape(qkv)}")
+
+
+def check_varlen_kvpacked(kv) -> None:
+    _check_is_tensor(kv, "kv")
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(
+            f"kv must be 4-D (total_k, 2, nheads_k, headdim), got {kv.dim()}-D shape {_fmt_shape(kv)}")
+
+
+def check_block_table(block_table) -> None:
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged KV caches are not implemented in flashtile yet; pass None")

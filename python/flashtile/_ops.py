@@ -1,8 +1,9 @@
 """The torch.library custom ops around the extension: forward and backward.
 
 ``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic=False,
-window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None) -> (out,
-lse)`` allocates its outputs, handles the empty cases without touching the
+window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0,
+max_seqlen_k=0) -> (out, lse)`` allocates its outputs, handles the empty cases without touching the
 extension, and otherwise launches ``_C.fwd`` on the inputs' device and torch's
 current stream there.
 Its fake (meta) implementation gives torch.compile the output shapes; its
@@ -56,10 +57,27 @@ def _check_device_capability(device: torch.device) -> None:
 
 
 def _empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, seqlen_q, nheads, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, head_dim))
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-    return out, lse
+    """out like q and lse: (batch, nheads, seqlen_q), or (nheads, total_q)
+    for a variable-length batch's 3-D q."""
+    out = q.new_empty(q.shape)
+    if q.dim() == 3:
+        total_q, nheads, _ = q.shape
+        return out, q.new_empty((nheads, total_q), dtype=torch.float32)
+    batch, seqlen_q, nheads, _ = q.shape
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
+def _no_keys(k: torch.Tensor, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int) -> bool:
+    """No query row sees a key: no keys at all, or (varlen) no sequence with any."""
+    if cu_seqlens_q is None:
+        return k.shape[1] == 0
+    return k.shape[0] == 0 or max_seqlen_k == 0
+
+
+def _no_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q: int) -> bool:
+    if cu_seqlens_q is None:
+        return q.numel() == 0
+    return q.numel() == 0 or cu_seqlens_q.shape[0] <= 1 or max_seqlen_q == 0
 
 
 @torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types="cuda")
@@ -74,11 +92,16 @@ def fwd(
     window_right: int = -1,
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
-    if out.numel() == 0:  # batch, seqlen_q or nheads is 0: nothing to compute
+    if _no_queries(q, cu_seqlens_q, max_seqlen_q):  # batch, seqlen_q or nheads is 0: nothing to compute
         return out, lse
-    if k.shape[1] == 0:  # no keys: every row attends to nothing
+    if _no_keys(k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):  # every row attends to nothing
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
@@ -88,13 +111,15 @@ def fwd(
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
-               int(window_right), float(softcap), alibi_slopes)
+               int(window_right), float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+               int(max_seqlen_q), int(max_seqlen_k))
     return out, lse
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
-              softcap=0.0, alibi_slopes=None):
+              softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+              max_seqlen_q=0, max_seqlen_k=0):
     return _empty_outputs(q)
 
 
@@ -123,25 +148,36 @@ def bwd(
     window_right: int = -1,
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
     GQA each of dk and dv sums over the query heads of its group. With
-    deterministic=True dq is summed in a fixed order (bitwise reproducible)."""
+    deterministic=True dq is summed in a fixed order (bitwise reproducible).
+    Varlen: rows outside every sequence are not written, as in flash_attn;
+    keys past seqused_k get zero dk and dv."""
     dq, dk, dv = _empty_grads(q, k, v)
-    if dq.numel() == 0 or dk.numel() == 0:
+    if _no_queries(q, cu_seqlens_q, max_seqlen_q) or _no_keys(k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
         # No query rows, or no keys (out was 0): every gradient is zero.
         return dq.zero_(), dk.zero_(), dv.zero_()
     if not _vector_friendly(dout):
         dout = dout.contiguous()
-    batch, seqlen_q, nheads, head_dim = q.shape
-    workspace = torch.empty(
-        _C.bwd_workspace_bytes(batch, seqlen_q, nheads, head_dim, bool(deterministic)),
-        dtype=torch.uint8, device=q.device)
+    if cu_seqlens_q is None:
+        batch, seqlen_q, nheads, head_dim = q.shape
+        workspace_bytes = _C.bwd_workspace_bytes(batch, seqlen_q, nheads, head_dim, bool(deterministic))
+    else:
+        total_q, nheads, head_dim = q.shape
+        workspace_bytes = _C.bwd_workspace_bytes(cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), nheads, head_dim,
+                                                 bool(deterministic), varlen_total_q=total_q)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
                bool(deterministic), stream, int(window_left), int(window_right), float(softcap),
-               alibi_slopes)
+               alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
     return dq, dk, dv
 
 
@@ -151,7 +187,8 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, window_left=-1,
-              window_right=-1, softcap=0.0, alibi_slopes=None):
+              window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
+              seqused_k=None, max_seqlen_q=0, max_seqlen_k=0):
     return _empty_grads(q, k, v)
 
 
@@ -159,14 +196,16 @@ def _fwd_setup_context(ctx, inputs, output):
     # Older torch (2.11) hands over only the arguments the caller passed, so
     # the trailing defaulted ones (deterministic, window_left, window_right)
     # may be missing; newer torch (2.13) fills them in.
-    defaults = (False, -1, -1, 0.0, None)
-    q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes = (
-        *inputs, *defaults[len(inputs) - 5:])
+    defaults = (False, -1, -1, 0.0, None, None, None, None, 0, 0)
+    (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes,
+     cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k) = (*inputs, *defaults[len(inputs) - 5:])
     out, lse = output
     ctx.mark_non_differentiable(lse)
     # Only these: the backward recomputes P from q, k and the row logsumexp
-    # (the ALiBi slopes are an input, not a result, and get no gradient).
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    # (the ALiBi slopes and the varlen offsets are inputs, not results, and
+    # get no gradient).
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
@@ -175,12 +214,13 @@ def _fwd_setup_context(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                     ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes)
-    # No gradient for the options, nor for alibi_slopes (as flash_attn);
-    # extra Nones past the passed inputs are allowed.
-    return dq, dk, dv, None, None, None, None, None, None, None
+                     ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                     seqused_k, *ctx.max_seqlens)
+    # No gradient for the options, alibi_slopes (as flash_attn) or the
+    # offsets; extra Nones past the passed inputs are allowed.
+    return (dq, dk, dv) + (None,) * 12
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -27,6 +27,19 @@ before the mask and the softmax, and ``alibi_slopes`` (float32, (nheads,) or
 (the "scoremod" variant), and both are differentiated through (the slopes get
 no gradient). The logsumexp is that of the modified scores.
 
+The varlen functions take a batch of sequences of different lengths packed
+along the first dim, q (total_q, nheads, headdim) and k, v (total_k,
+nheads_k, headdim), with int32 offsets cu_seqlens_q and cu_seqlens_k
+(batch + 1 entries, starting at 0) and the longest lengths max_seqlen_q and
+max_seqlen_k; masks, windows and ALiBi align to each sequence's own
+bottom-right corner, and no work is spent past a sequence's end. lse is
+(nheads, total_q). As in flash_attn, rows outside every sequence are left
+unwritten, and the offsets are not read on the host (that would
+synchronize): the kernels clamp them into the tensors. ``seqused_k``
+(int32, (batch,)), an addition to flash_attn's signature, makes sequence b
+attend only to its first seqused_k[b] keys (the others get zero dk, dv).
+Paged KV (``block_table``) is not implemented (NotImplementedError).
+
 Dropout is not implemented yet: dropout_p must be 0.0 (NotImplementedError
 otherwise). The functions are differentiable (torch.library autograd). By
 default the backward accumulates dq with fp32 atomic adds, whose order varies
@@ -42,7 +55,14 @@ import torch.nn.functional as F
 from . import _checks
 from ._ops import BUILT_KERNELS, fwd as _fwd_op
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+]
 
 _FWD_BUILT = {variant: _checks.fwd_combos(BUILT_KERNELS, variant) for variant in ("plain", "scoremod")}
 
@@ -168,3 +188,122 @@ def flash_attn_kvpacked_func(
     k, v = kv.unbind(dim=2)
     return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, window_size,
                       softcap, alibi_slopes, return_attn_probs, deterministic)
+
+
+def _attention_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic):
+    """_attention for a variable-length batch (options already checked)."""
+    variant = _checks.variant_for(softcap, alibi_slopes)
+    _checks.check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 _FWD_BUILT[variant], names=names, seqused_k=seqused_k,
+                                 alibi_slopes=alibi_slopes, variant=variant)
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    pad = _checks.kernel_head_dim(head_dim) - head_dim
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
+    # flash_attn normalizes the window against max_seqlen_k for varlen.
+    window_left, window_right = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_k))
+    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
+                       window_right, float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                       int(max_seqlen_q), int(max_seqlen_k))
+    if pad:
+        out = out[..., :head_dim]
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    seqused_k=None,
+):
+    """Attention over a variable-length batch (see the module docstring).
+
+    Args:
+        q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim).
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets of each sequence's rows.
+        max_seqlen_q, max_seqlen_k: ints, the longest sequence of each (at least every length).
+        block_table: must be None (paged KV is not implemented).
+        seqused_k: None, or int32 (batch,): the keys of each sequence that are attended.
+        The other arguments are as in :func:`flash_attn_func`.
+
+    Returns:
+        out (total_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
+        (nheads, total_q) float32, None).
+    """
+    _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    _checks.check_block_table(block_table)
+    return _attention_varlen(q, k, v, ("q", "k", "v"), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             return_attn_probs, deterministic)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Self-attention over a variable-length batch packed as qkv (total, 3, nheads,
+    headdim), with one cu_seqlens and max_seqlen for queries and keys. Other
+    arguments and the return value as in :func:`flash_attn_varlen_func`."""
+    _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    _checks.check_varlen_qkvpacked(qkv)
+    q, k, v = qkv.unbind(dim=1)
+    return _attention_varlen(q, k, v, ("qkv", "qkv", "qkv"), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                             None, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                             deterministic)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Attention over a variable-length batch with kv packed as (total_k, 2,
+    nheads_k, headdim). Other arguments and the return value as in
+    :func:`flash_attn_varlen_func`."""
+    _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    _checks.check_varlen_kvpacked(kv)
+    k, v = kv.unbind(dim=1)
+    return _attention_varlen(q, k, v, ("q", "kv", "kv"), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             None, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                             deterministic)

@@ -4,6 +4,7 @@
 // and the backward's workspace layout keeps its pieces aligned.
 #include <flashtile/flashtile.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -113,6 +114,19 @@ int main() {
                       [](Fwd& p) { p.seqlen_k = flashtile::kMaxSeqlen + 1; }, valid_fwd());
   expect_refused<Fwd>("fwd: window_left -2", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.window_left = -2; }, valid_fwd());
+  expect_refused<Fwd>("fwd: softcap negative", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.softcap = -1.f; }, valid_fwd());
+  expect_refused<Fwd>("fwd: softcap NaN", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.softcap = std::nanf(""); }, valid_fwd());
+  expect_refused<Fwd>("fwd: ALiBi head stride negative", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.alibi_slopes = p.lse, p.alibi_slopes_head_stride = -1; }, valid_fwd());
+  static const int kOffsets[] = {0, 1};
+  expect_refused<Fwd>("fwd: cu_seqlens_q without cu_seqlens_k", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.cu_seqlens_q = kOffsets, p.total_q = p.total_k = 1; }, valid_fwd());
+  expect_refused<Fwd>("fwd: seqused_k without cu_seqlens", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.seqused_k = kOffsets; }, valid_fwd());
+  expect_refused<Fwd>("fwd: varlen with total_q 0", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.cu_seqlens_q = p.cu_seqlens_k = kOffsets, p.total_k = 1; }, valid_fwd());
   expect_refused<Fwd>("fwd: head_dim 80", Status::kUnsupportedHeadDim, fwd_check,
                       [](Fwd& p) { p.head_dim = 80; }, valid_fwd());
   expect_refused<Fwd>("fwd: misaligned k", Status::kMisalignedPointer, fwd_check,
@@ -150,6 +164,10 @@ int main() {
                       [](Bwd& p) { p.dq_batch_stride = 8 * 64; }, valid_bwd());
   expect_refused<Bwd>("bwd: seqlen_q above kMaxSeqlen", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.seqlen_q = flashtile::kMaxSeqlen + 1; }, valid_bwd());
+  expect_refused<Bwd>("bwd: softcap infinite", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.softcap = INFINITY; }, valid_bwd());
+  expect_refused<Bwd>("bwd: cu_seqlens_k without cu_seqlens_q", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.cu_seqlens_k = kOffsets; }, valid_bwd());
   expect_refused<Bwd>("bwd: window_right -3", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.window_right = -3; }, valid_bwd());
   expect_refused<Bwd>("bwd: head_dim 264", Status::kUnsupportedHeadDim, bwd_check,

@@ -20,6 +20,7 @@
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
+#include "flashtile/workspace.hpp"
 
 using namespace cute;
 
@@ -438,6 +439,61 @@ void check_tile_schedule() {
   expect(bijective, "bwd schedule", "each (block, head) is owned by exactly one CTA");
 }
 
+// Variable-length batches: SeqInfo keeps every sequence inside the packed
+// tensors and within the maxima, whatever the offsets hold (the kernels
+// never read them on the host), and with valid offsets the dQ accumulator
+// gives each (sequence, head) its own whole query blocks inside the
+// workspace.
+void check_varlen_layout() {
+  bool inside = true, disjoint = true;
+  uint32_t state = 12345;
+  auto next = [&](int lo, int hi) {  // a small LCG: reproducible, no <random> state
+    state = state * 1664525u + 1013904223u;
+    return lo + int(state % uint32_t(hi - lo + 1));
+  };
+  for (int trial = 0; trial < 400; ++trial) {
+    const int batch = next(1, 9);
+    const bool garbage = trial % 4 == 3;  // offsets that decrease, go negative or run past the end
+    std::vector<int> cu_q(batch + 1, 0), cu_k(batch + 1, 0), used(batch, 0);
+    int max_q = 1, max_k = 1;
+    for (int b = 0; b < batch; ++b) {
+      const int lq = next(0, 300), lk = next(0, 300);
+      cu_q[b + 1] = garbage ? next(-50, 2000) : cu_q[b] + lq;
+      cu_k[b + 1] = garbage ? next(-50, 2000) : cu_k[b] + lk;
+      used[b] = garbage ? next(-10, 400) : next(0, lk);
+      max_q = std::max(max_q, lq), max_k = std::max(max_k, lk);
+    }
+    flashtile::BwdParams p;
+    p.batch = batch, p.nheads = 3, p.head_dim = 64, p.seqlen_q = max_q, p.seqlen_k = max_k;
+    p.cu_seqlens_q = cu_q.data(), p.cu_seqlens_k = cu_k.data(), p.seqused_k = used.data();
+    p.total_q = garbage ? next(1, 1500) : std::max(1, cu_q[batch]);
+    p.total_k = garbage ? next(1, 1500) : std::max(1, cu_k[batch]);
+    const int64_t accum_rows = flashtile::bwd_dq_accum_rows(p);
+    std::vector<int> owner(size_t(accum_rows) * p.nheads, -1);
+    for (int b = 0; b < batch; ++b) {
+      const flashtile::SeqInfo seq(p, b);
+      inside &= seq.seqlen_q >= 0 && seq.seqlen_q <= p.seqlen_q && seq.q_start >= 0 &&
+                seq.q_start + seq.seqlen_q <= p.total_q;
+      inside &= seq.seqlen_k_rows >= 0 && seq.seqlen_k_rows <= p.seqlen_k && seq.k_start >= 0 &&
+                seq.k_start + seq.seqlen_k_rows <= p.total_k && seq.seqlen_k >= 0 && seq.seqlen_k <= seq.seqlen_k_rows;
+      if (!garbage) inside &= seq.seqlen_q == cu_q[b + 1] - cu_q[b] && seq.seqlen_k == used[b];
+      const int64_t blocks_rows = (seq.seqlen_q + flashtile::kBwdDqAccumRowAlign - 1) /
+                                  flashtile::kBwdDqAccumRowAlign * flashtile::kBwdDqAccumRowAlign;
+      for (int h = 0; h < p.nheads; ++h) {
+        const int64_t row0 = flashtile::bwd_dq_accum_row(p, seq, h);
+        inside &= row0 >= int64_t(h) * accum_rows && row0 + blocks_rows <= int64_t(h + 1) * accum_rows;
+        if (garbage) continue;  // wrong offsets may share rows: wrong sums, never stray writes
+        for (int64_t r = row0; r < row0 + blocks_rows && r < int64_t(owner.size()); ++r) {
+          disjoint &= owner[size_t(r)] == -1;
+          owner[size_t(r)] = b;
+        }
+      }
+    }
+  }
+  expect(inside, "varlen", "sequences stay inside the packed tensors and the dQ accumulator");
+  expect(disjoint, "varlen", "each (sequence, head) owns its dQ accumulator rows");
+}
+
 }  // namespace
 
 int main() {
@@ -471,6 +527,7 @@ int main() {
   check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdDqConfig<256>>, true>("bwd dq-kernel d256",
                                                                                 kSmemLimitSm90Bytes);
   check_tile_schedule();
+  check_varlen_layout();
   using flashtile::MaskKind;
   check_block_mask<MaskKind::kNone, 128, 128>("mask 128x128");
   check_block_mask<MaskKind::kCausal, 128, 128>("mask causal 128x128");

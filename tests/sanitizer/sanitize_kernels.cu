@@ -18,7 +18,25 @@ struct Problem {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k;
   bool causal;
   int window_left = -1, window_right = -1;
+  // A variable-length batch when set: batch sequences of these lengths
+  // (seqlen_q, seqlen_k their maxima), packed; used_k: seqused_k, or none.
+  std::vector<int> lens_q = {}, lens_k = {}, used_k = {};
 };
+
+// Device int32 copy of v (nullptr when empty); cudaFree it.
+int* device_ints(const std::vector<int>& v) {
+  if (v.empty()) return nullptr;
+  int* d = nullptr;
+  cudaMalloc(&d, v.size() * sizeof(int));
+  cudaMemcpy(d, v.data(), v.size() * sizeof(int), cudaMemcpyHostToDevice);
+  return d;
+}
+
+std::vector<int> offsets_of(const std::vector<int>& lens) {
+  std::vector<int> cu(1, 0);
+  for (int n : lens) cu.push_back(cu.back() + n);
+  return cu;
+}
 
 // Fills n 2-byte elements with small pseudo-random values (a hash of the
 // index), as bf16 or fp16 bit patterns.
@@ -66,13 +84,19 @@ bool check(const char* what, flashtile::Status status) {
 bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic, uint32_t seed) {
   const int d = key.head_dim;
   const bool bf16 = key.dtype == flashtile::DType::kBf16;
-  Tensor4 q(pr.batch, pr.seqlen_q, pr.nheads, d), k(pr.batch, pr.seqlen_k, pr.nheads_k, d),
-      v(pr.batch, pr.seqlen_k, pr.nheads_k, d), out(pr.batch, pr.seqlen_q, pr.nheads, d),
-      dout(pr.batch, pr.seqlen_q, pr.nheads, d), dq(pr.batch, pr.seqlen_q, pr.nheads, d),
-      dk(pr.batch, pr.seqlen_k, pr.nheads_k, d), dv(pr.batch, pr.seqlen_k, pr.nheads_k, d);
+  // Varlen tensors are one packed sequence of all rows.
+  const bool varlen = !pr.lens_q.empty();
+  const std::vector<int> cu_q = offsets_of(pr.lens_q), cu_k = offsets_of(pr.lens_k);
+  const int batches = varlen ? 1 : pr.batch;
+  const int rows_q = varlen ? cu_q.back() : pr.seqlen_q, rows_k = varlen ? cu_k.back() : pr.seqlen_k;
+  Tensor4 q(batches, rows_q, pr.nheads, d), k(batches, rows_k, pr.nheads_k, d), v(batches, rows_k, pr.nheads_k, d),
+      out(batches, rows_q, pr.nheads, d), dout(batches, rows_q, pr.nheads, d), dq(batches, rows_q, pr.nheads, d),
+      dk(batches, rows_k, pr.nheads_k, d), dv(batches, rows_k, pr.nheads_k, d);
   for (Tensor4* t : {&q, &k, &v, &dout}) fill_kernel<<<256, 256>>>(t->data, t->elements, seed++, bf16);
   float* lse = nullptr;
-  cudaMalloc(&lse, size_t(pr.batch) * pr.nheads * pr.seqlen_q * sizeof(float));
+  cudaMalloc(&lse, size_t(batches) * pr.nheads * rows_q * sizeof(float));
+  int *d_cu_q = varlen ? device_ints(cu_q) : nullptr, *d_cu_k = varlen ? device_ints(cu_k) : nullptr;
+  int* d_used_k = device_ints(pr.used_k);
   // The scoremod kernels run with both modifiers: softcap and (batch, nheads) ALiBi slopes.
   const bool score_mod = key.variant == flashtile::Variant::kScoreMod;
   float* slopes = nullptr;
@@ -94,6 +118,11 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   f.softmax_scale = 0.125f, f.causal = pr.causal, f.dtype = key.dtype;
   f.window_left = pr.window_left, f.window_right = pr.window_right;
   if (score_mod) f.softcap = 20.f, f.alibi_slopes = slopes, f.alibi_slopes_batch_stride = pr.nheads;
+  if (varlen) {
+    f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.out_batch_stride = 0;
+    f.cu_seqlens_q = d_cu_q, f.cu_seqlens_k = d_cu_k, f.seqused_k = d_used_k;
+    f.total_q = rows_q, f.total_k = rows_k;
+  }
   bool ok = check("fwd", flashtile::fwd(f, nullptr));
 
   flashtile::BwdParams b;
@@ -112,6 +141,9 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   b.softmax_scale = f.softmax_scale, b.causal = pr.causal, b.deterministic = deterministic, b.dtype = key.dtype;
   b.window_left = pr.window_left, b.window_right = pr.window_right;
   b.softcap = f.softcap, b.alibi_slopes = f.alibi_slopes, b.alibi_slopes_batch_stride = f.alibi_slopes_batch_stride;
+  b.cu_seqlens_q = f.cu_seqlens_q, b.cu_seqlens_k = f.cu_seqlens_k, b.seqused_k = f.seqused_k;
+  b.total_q = f.total_q, b.total_k = f.total_k;
+  if (varlen) b.dout_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
   void* workspace = nullptr;
   cudaMalloc(&workspace, flashtile::bwd_workspace_bytes(b));
   b.workspace = workspace;
@@ -119,6 +151,9 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   cudaFree(workspace);
   cudaFree(lse);
   cudaFree(slopes);
+  cudaFree(d_cu_q);
+  cudaFree(d_cu_k);
+  cudaFree(d_used_k);
   return ok;
 }
 
@@ -131,6 +166,9 @@ int main() {
       {1, 257, 129, 4, 4, false}, {1, 129, 257, 4, 4, true},  // several blocks, partial last ones
       {1, 257, 129, 4, 2, false, 40, 7},                      // sliding window, rows that see no key
       {1, 129, 257, 4, 4, true, 64},                          // causal window
+      // varlen: empty sequences, partial blocks, seqused_k, a window
+      {3, 300, 260, 4, 2, true, -1, -1, {130, 0, 300}, {1, 260, 200}, {1, 100, 200}},
+      {3, 257, 129, 4, 4, false, 40, 7, {5, 257, 64}, {129, 0, 77}},
   };
   int runs = 0, failures = 0;
   uint32_t seed = 1;
@@ -139,9 +177,10 @@ int main() {
     for (const Problem& pr : problems) {
       for (bool deterministic : {false, true}) {
         std::printf("hdim %d %s %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d window (%d, %d) "
-                    "deterministic %d\n",
+                    "varlen %d deterministic %d\n",
                     key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant), pr.batch, pr.seqlen_q, pr.seqlen_k,
-                    pr.nheads, pr.nheads_k, int(pr.causal), pr.window_left, pr.window_right, int(deterministic));
+                    pr.nheads, pr.nheads_k, int(pr.causal), pr.window_left, pr.window_right,
+                    int(!pr.lens_q.empty()), int(deterministic));
         ++runs;
         if (!run(key, pr, deterministic, seed)) ++failures;
         seed += 16;

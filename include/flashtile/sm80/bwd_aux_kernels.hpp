@@ -26,7 +26,8 @@ template <class Element, int kHeadDim>
 constexpr int kDotRowsPerCta = kDotThreads / kDotThreadsPerRow<Element, kHeadDim>;
 
 // dsum[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d] in fp32: the D of
-// dS = P ∘ (dP − D). kVectors threads share a (batch, row, head) row, one
+// dS = P ∘ (dP − D). A varlen batch is launched as one sequence of total_q
+// rows (run_bwd_with), whose (1, nheads, total_q) layout is varlen's. kVectors threads share a (batch, row, head) row, one
 // 16-byte vector of out and dout each (or none), so a warp reads whole contiguous rows;
 // a shuffle reduction sums them. Launch with kDotThreads threads per CTA and
 // kDotRowsPerCta rows per CTA. The same threads also zero the dQ
@@ -89,11 +90,13 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int head = int(blockIdx.x) / m_blocks % params.nheads;
   const int batch = int(blockIdx.x) / m_blocks / params.nheads;
   const int tid = threadIdx.x;
-  const int rows_valid = params.seqlen_q - m_block * kBlockM;
-  const float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
-                                      m_block * kBlockM) * kHeadDim;
-  Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq), params.dq_batch_stride,
-                                              params.dq_row_stride, params.dq_head_stride, batch, head, params.seqlen_q),
+  const SeqInfo seq(params, batch);
+  if (m_block * kBlockM >= seq.seqlen_q) return;  // varlen: past this sequence's rows
+  const int rows_valid = seq.seqlen_q - m_block * kBlockM;
+  const float* dq_block = dq_accum + (bwd_dq_accum_row(params, seq, head) + m_block * kBlockM) * kHeadDim;
+  Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq),
+                                              seq.q_offset(params.dq_batch_stride, params.dq_row_stride),
+                                              params.dq_row_stride, params.dq_head_stride, head, seq.seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
   __shared__ __align__(128) Element smem_dq[kBlockM * kHeadDim];
   Tensor sdQ = make_tensor(make_smem_ptr(smem_dq), typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)

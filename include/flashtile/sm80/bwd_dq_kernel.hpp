@@ -21,6 +21,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
+#include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
@@ -57,27 +58,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int batch = tile.head / params.nheads;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
-  const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
-  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, params.seqlen_q, params.seqlen_k,
+  const SeqInfo seq(params, batch);
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
+  if (m_block * kBlockM >= seqlen_q) return;  // varlen: past this sequence's rows
+  const int q_rows_valid = seqlen_q - m_block * kBlockM;
+  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k,
                                       kScoreMod ? alibi_slope(params, batch, head) : 0.f);
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
-  const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
-                                                params.window_right);
+  const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
 
-  Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q), params.q_batch_stride,
-                                             params.q_row_stride, params.q_head_stride, batch, head, params.seqlen_q),
+  Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
+                                             seq.q_offset(params.q_batch_stride, params.q_row_stride),
+                                             params.q_row_stride, params.q_head_stride, head, seqlen_q),
                          ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-  Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout), params.dout_batch_stride,
-                                              params.dout_row_stride, params.dout_head_stride, batch, head, params.seqlen_q),
+  Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout),
+                                              seq.q_offset(params.dout_batch_stride, params.dout_row_stride),
+                                              params.dout_row_stride, params.dout_head_stride, head, seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-  Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq), params.dq_batch_stride,
-                                              params.dq_row_stride, params.dq_head_stride, batch, head, params.seqlen_q),
+  Tensor gdQ = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dq),
+                                              seq.q_offset(params.dq_batch_stride, params.dq_row_stride),
+                                              params.dq_row_stride, params.dq_head_stride, head, seqlen_q),
                           ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
   // K and V of this (batch, K/V head), each (seqlen_k, kHeadDim).
-  Tensor mK = head_rows<kHeadDim>(static_cast<const Element*>(params.k), params.k_batch_stride,
-                                  params.k_row_stride, params.k_head_stride, batch, head_k, params.seqlen_k);
-  Tensor mV = head_rows<kHeadDim>(static_cast<const Element*>(params.v), params.v_batch_stride,
-                                  params.v_row_stride, params.v_head_stride, batch, head_k, params.seqlen_k);
+  Tensor mK = head_rows<kHeadDim>(static_cast<const Element*>(params.k),
+                                  seq.k_offset(params.k_batch_stride, params.k_row_stride),
+                                  params.k_row_stride, params.k_head_stride, head_k, seqlen_k);
+  Tensor mV = head_rows<kHeadDim>(static_cast<const Element*>(params.v),
+                                  seq.k_offset(params.v_batch_stride, params.v_row_stride),
+                                  params.v_row_stride, params.v_head_stride, head_k, seqlen_k);
 
   // Shared memory: Q | dO | K[2] | V[2] | dS | LSE | D. sK and sV are buffer
   // 0's; buffer 1 sits one tile further.
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tKsK = gmem_thr_copy.partition_D(sK);                                 // (CPY, CPY_N, CPY_K)
   Tensor tVsV = gmem_thr_copy.partition_D(sV);                                 // (CPY, CPY_N, CPY_K)
   auto load_key_block = [&](int n_block, int buf) {
-    const int kv_rows_valid = params.seqlen_k - n_block * kBlockN;
+    const int kv_rows_valid = seqlen_k - n_block * kBlockN;
     copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(local_tile(mK, ShapeKV{}, make_coord(n_block, 0))),
                       in_buffer(tKsK, buf), tKVcKV, kv_rows_valid);
     copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(local_tile(mV, ShapeKV{}, make_coord(n_block, 0))),
@@ -115,7 +124,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int n_block_end = mask.n_block_end(m_block);  // <= n_block_begin: no row of this block sees a key
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), tQcQ, q_rows_valid);
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), tQcQ, q_rows_valid);
-  const int64_t row_offset = (int64_t(batch) * params.nheads + head) * params.seqlen_q + m_block * kBlockM;
+  const int64_t row_offset = seq.row_index(params, head) + m_block * kBlockM;
   using RowCopy = typename Traits::RowCopyAtom;
   load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse, q_rows_valid, tid);
   load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum, q_rows_valid, tid - kBlockM);

@@ -29,6 +29,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
+#include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/workspace.hpp"
 #include "flashtile/sm80/copy.hpp"
@@ -66,11 +67,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int head_k = tile.head % params.nheads_k;
   const int batch = tile.head / params.nheads_k;
   const int tid = threadIdx.x;
-  const int kv_rows_valid = params.seqlen_k - n_block * kBlockN;
-  const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
-                                                params.window_right);
+  const SeqInfo seq(params, batch);
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
+  if (n_block * kBlockN >= seq.seqlen_k_rows) return;  // varlen: past this sequence's rows
+  const int kv_rows_valid = seqlen_k - n_block * kBlockN;               // keys attended
+  const int kv_rows_out = seq.seqlen_k_rows - n_block * kBlockN;        // rows of dK, dV to write
+  const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
   // ALiBi's slope is per query head: mod_of_head gives each head's.
-  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, params.seqlen_q, params.seqlen_k, 0.f);
+  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k, 0.f);
   auto mod_of_head = [&](int head) {
     if constexpr (kScoreMod) {
       return score_mod.with_alibi_slope(alibi_slope(params, batch, head));
@@ -81,18 +86,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
 
   // This CTA's K and V tiles and its dK, dV outputs.
-  Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k), params.k_batch_stride,
-                                             params.k_row_stride, params.k_head_stride, batch, head_k, params.seqlen_k),
+  Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k),
+                                             seq.k_offset(params.k_batch_stride, params.k_row_stride),
+                                             params.k_row_stride, params.k_head_stride, head_k, seqlen_k),
                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gV = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.v), params.v_batch_stride,
-                                             params.v_row_stride, params.v_head_stride, batch, head_k, params.seqlen_k),
+  Tensor gV = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.v),
+                                             seq.k_offset(params.v_batch_stride, params.v_row_stride),
+                                             params.v_row_stride, params.v_head_stride, head_k, seqlen_k),
                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdK = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dk), params.dk_batch_stride,
-                                              params.dk_row_stride, params.dk_head_stride, batch, head_k, params.seqlen_k),
+  Tensor gdK = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dk),
+                                              seq.k_offset(params.dk_batch_stride, params.dk_row_stride),
+                                              params.dk_row_stride, params.dk_head_stride, head_k, seq.seqlen_k_rows),
                           ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdV = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dv), params.dv_batch_stride,
-                                              params.dv_row_stride, params.dv_head_stride, batch, head_k, params.seqlen_k),
+  Tensor gdV = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dv),
+                                              seq.k_offset(params.dv_batch_stride, params.dv_row_stride),
+                                              params.dv_row_stride, params.dv_head_stride, head_k, seq.seqlen_k_rows),
                           ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
+  if (kv_rows_valid <= 0) {
+    // seqused_k: keys of this sequence that no query attends get dK = dV = 0.
+    typename Traits::GmemTiledCopyStore gmem_copy_zero;
+    auto gmem_thr_copy_zero = gmem_copy_zero.get_thread_slice(tid);
+    Tensor tZgdK = gmem_thr_copy_zero.partition_D(gdK);                         // (CPY, CPY_N, CPY_K)
+    Tensor tZgdV = gmem_thr_copy_zero.partition_D(gdV);                         // (CPY, CPY_N, CPY_K)
+    Tensor tZc = gmem_thr_copy_zero.partition_D(make_identity_tensor(ShapeKV{}));  // (CPY, CPY_N, CPY_K) -> (row, col)
+    Tensor tZr = make_fragment_like(tZgdK);                                      // (CPY, CPY_N, CPY_K)
+    clear(tZr);
+    copy_rows(gmem_copy_zero, tZr, tZgdK, tZc, kv_rows_out);
+    copy_rows(gmem_copy_zero, tZr, tZgdV, tZc, kv_rows_out);
+    return;
+  }
 
   // Shared memory: Q[2] | dO[2] | K | V | P | dS | LSE[2] | D[2]. The tensors
   // below are buffer 0's; buffer 1 of Q, dO, LSE and D sits one tile further.
@@ -160,16 +182,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // Issues the loads of iteration `it`'s Q, dO, LSE and D into buffer `buf`.
   auto load_query_block = [&](int it, int buf) {
     const auto [head, m_block] = query_block_of(it);
-    const int q_rows_valid = params.seqlen_q - m_block * kBlockM;
-    Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q), params.q_batch_stride,
-                                               params.q_row_stride, params.q_head_stride, batch, head, params.seqlen_q),
+    const int q_rows_valid = seqlen_q - m_block * kBlockM;
+    Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
+                                               seq.q_offset(params.q_batch_stride, params.q_row_stride),
+                                               params.q_row_stride, params.q_head_stride, head, seqlen_q),
                            ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-    Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout), params.dout_batch_stride,
-                                                params.dout_row_stride, params.dout_head_stride, batch, head, params.seqlen_q),
+    Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout),
+                                                seq.q_offset(params.dout_batch_stride, params.dout_row_stride),
+                                                params.dout_row_stride, params.dout_head_stride, head, seqlen_q),
                             ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
     copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
     copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, buf), tQcQ, q_rows_valid);
-    const int64_t row_offset = (int64_t(batch) * params.nheads + head) * params.seqlen_q + m_block * kBlockM;
+    const int64_t row_offset = seq.row_index(params, head) + m_block * kBlockM;
     using RowCopy = typename Traits::RowCopyAtom;
     load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
     load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum + buf * kBlockM, q_rows_valid,
@@ -267,8 +291,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // This query block's slice of the accumulator (bwd_dq_accum_rows:
       // seqlen_q rounded up to whole blocks). Rows past seqlen_q add zeros
       // there (their dS is 0), so no row guard is needed.
-      float* dq_block = dq_accum + ((int64_t(batch) * params.nheads + head) * bwd_dq_accum_rows(params) +
-                                    m_block * kBlockM) * kHeadDim;
+      float* dq_block = dq_accum + (bwd_dq_accum_row(params, seq, head) + m_block * kBlockM) * kHeadDim;
       constexpr int kVector = dq_accum_vector();
       static_assert(decltype(size(acc_dq))::value % kVector == 0);
       CUTE_UNROLL
@@ -288,8 +311,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // dK = scale · Σ dSᵀ·Q; dV = Σ Pᵀ·dO, staged in sK and sV once every warp
   // is past the last products that read them.
   __syncthreads();
-  store_tile_staged<Traits>(mma_dkv, acc_dk, sK, gdK, kv_rows_valid, params.softmax_scale, tid);
-  store_tile_staged<Traits>(mma_dkv, acc_dv, sV, gdV, kv_rows_valid, 1.f, tid);
+  store_tile_staged<Traits>(mma_dkv, acc_dk, sK, gdK, kv_rows_out, params.softmax_scale, tid);
+  store_tile_staged<Traits>(mma_dkv, acc_dv, sV, gdV, kv_rows_out, 1.f, tid);
 }
 
 }  // namespace flashtile::sm80

@@ -56,11 +56,20 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   if (fits != Status::kSuccess) return fits;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   const float* dsum = ws.dsum;
-  const int64_t rows = int64_t(params.batch) * params.seqlen_q * params.nheads;
+  const int64_t rows = bwd_query_rows(params) * params.nheads;
   constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
+  // The rowsum kernel walks rows in the (batch, nheads, seqlen_q) layout of
+  // lse and dsum; a varlen batch's (nheads, total_q) is that layout for one
+  // sequence of total_q rows.
+  BwdParams rows_params = params;
+  if (is_varlen(params)) {
+    rows_params.batch = 1;
+    rows_params.seqlen_q = params.total_q;
+    rows_params.cu_seqlens_q = nullptr;
+  }
   // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode).
   bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
-      params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(ws.dq_accum_bytes / sizeof(float4)));
+      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(ws.dq_accum_bytes / sizeof(float4)));
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
 
   // 1-D grids (the kernels decode block, head, batch); can_implement_bwd

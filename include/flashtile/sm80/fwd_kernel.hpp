@@ -22,6 +22,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
+#include "flashtile/common/seqlen.hpp"
 #include "flashtile/common/softmax.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/copy.hpp"
@@ -53,31 +54,37 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
-  const BlockMask<kMask, kBlockM, kBlockN> mask(params.seqlen_q, params.seqlen_k, params.window_left,
-                                                params.window_right);
-  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, params.seqlen_q, params.seqlen_k,
+  const SeqInfo seq(params, batch);
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
+  if (m_block * kBlockM >= seqlen_q) return;  // varlen: past this sequence's rows
+  const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
+  const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k,
                                       kScoreMod ? alibi_slope(params, batch, head) : 0.f);
-  const int rows_valid = params.seqlen_q - m_block * kBlockM;
+  const int rows_valid = seqlen_q - m_block * kBlockM;
 
   // Global tensors of this (batch, head), then this CTA's tiles.
   Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.q) +
-                                        batch * params.q_batch_stride + head * params.q_head_stride),
-                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                                        seq.q_offset(params.q_batch_stride, params.q_row_stride) +
+                                        head * params.q_head_stride),
+                          make_shape(seqlen_q, Int<kHeadDim>{}),
                           make_stride(params.q_row_stride, _1{}));  // (seqlen_q, kHeadDim)
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.k) +
-                                        batch * params.k_batch_stride + head_k * params.k_head_stride),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                                        seq.k_offset(params.k_batch_stride, params.k_row_stride) +
+                                        head_k * params.k_head_stride),
+                          make_shape(seqlen_k, Int<kHeadDim>{}),
                           make_stride(params.k_row_stride, _1{}));  // (seqlen_k, kHeadDim)
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<const Element*>(params.v) +
-                                        batch * params.v_batch_stride + head_k * params.v_head_stride),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                                        seq.k_offset(params.v_batch_stride, params.v_row_stride) +
+                                        head_k * params.v_head_stride),
+                          make_shape(seqlen_k, Int<kHeadDim>{}),
                           make_stride(params.v_row_stride, _1{}));  // (seqlen_k, kHeadDim)
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out) +
-                                        batch * params.out_batch_stride + head * params.out_head_stride),
-                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                                        seq.q_offset(params.out_batch_stride, params.out_row_stride) +
+                                        head * params.out_head_stride),
+                          make_shape(seqlen_q, Int<kHeadDim>{}),
                           make_stride(params.out_row_stride, _1{}));  // (seqlen_q, kHeadDim)
-  float* lse_rows = params.lse + (int64_t(batch) * params.nheads + head) * params.seqlen_q +
-                    int64_t(m_block) * kBlockM;
+  float* lse_rows = params.lse + seq.row_index(params, head) + int64_t(m_block) * kBlockM;
 
   Tensor gQ = local_tile(mQ, BlockShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
   Tensor gK = local_tile(mK, BlockShapeKV{}, make_coord(_, 0));       // (kBlockN, kHeadDim, n_blocks)
@@ -145,7 +152,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   int n_block = n_block_end - 1;
   copy_rows_or_zero(gmem_copy_QKV, tQgQ, tQsQ, tQcQ, rows_valid);
   copy_rows_or_zero(gmem_copy_QKV, tKgK(_, _, _, n_block), tKsK, tKVcKV,
-                    params.seqlen_k - n_block * kBlockN);
+                    seqlen_k - n_block * kBlockN);
   cp_async_fence();
 
   constexpr int kRowsPerThread = 2 * decltype(size<1>(acc_o))::value;
@@ -159,11 +166,11 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K[n] (and Q) landed; every warp is done reading V[n+1]
-    if ((n_block + 1) * kBlockN <= params.seqlen_k) {
+    if ((n_block + 1) * kBlockN <= seqlen_k) {
       copy(gmem_copy_QKV, tVgV(_, _, _, n_block), tVsV);
     } else {
       copy_rows_or_zero(gmem_copy_QKV, tVgV(_, _, _, n_block), tVsV, tKVcKV,
-                        params.seqlen_k - n_block * kBlockN);
+                        seqlen_k - n_block * kBlockN);
     }
     cp_async_fence();
 

@@ -1,0 +1,159 @@
+"""Variable-length batches (flash_attn_varlen_func and its packed forms),
+forward and backward, against the float32 reference run on each sequence
+alone, with FlashAttention's error rule: lengths from 0 to several blocks,
+seqlen_q above, equal to and below seqlen_k per sequence, causal, windows,
+softcap and ALiBi, GQA, seqused_k, every kernel head dim, fp16 and bf16, the
+deterministic backward, and strided (non-contiguous) packed tensors."""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import flashtile
+from flashtile import _C, _checks
+from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+BUILT = {(int(d), str(n), str(variant)) for direction, _arch, d, n, variant in _C.built_kernels()
+         if direction == "bwd"}
+GRAD_ATOL = 1e-4  # as test_window_gpu.py: rows with one visible key
+
+
+def require_built(head_dim, dtype_name, variant="plain"):
+    if (head_dim, dtype_name, variant) not in BUILT:
+        pytest.skip(f"hdim{head_dim}/{dtype_name}/{variant} is not in this build")
+
+
+def offsets(lengths):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+
+
+def packed(lengths, nheads, head_dim, dtype, extra_rows=0):
+    """A (total + extra_rows, nheads, head_dim) leaf tensor whose first total rows hold the sequences."""
+    return torch.randn(sum(lengths) + extra_rows, nheads, head_dim, device="cuda", dtype=dtype).requires_grad_()
+
+
+def reference(q, k, v, dout, lens_q, lens_k, used_k=None, upcast=True, **opts):
+    """Per-sequence reference: (out, lse, dq, dk, dv) in the packed layouts
+    (lse (nheads, total_q)); keys past used_k get zero dk, dv."""
+    outs, lses, dqs, dks, dvs = [], [], [], [], []
+    cq = ck = 0
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        uk = lk if used_k is None else used_k[b]
+        qs, ks, vs, ds = q[cq:cq + lq], k[ck:ck + uk], v[ck:ck + uk], dout[cq:cq + lq]
+        seq_opts = dict(opts)
+        if opts.get("alibi_slopes") is not None and opts["alibi_slopes"].dim() == 2:
+            seq_opts["alibi_slopes"] = opts["alibi_slopes"][b]
+        if lq == 0 or uk == 0:  # nothing attended: out 0, lse -inf, zero gradients
+            dtype = torch.float32 if upcast else q.dtype
+            out = torch.zeros(1, lq, *q.shape[1:], dtype=dtype, device=q.device)
+            lse = torch.full((1, q.shape[1], lq), float("-inf"), dtype=dtype, device=q.device)
+            dq = out.clone()
+            dk = torch.zeros(1, uk, *k.shape[1:], dtype=dtype, device=k.device)
+            dv = dk.clone()
+        else:
+            out, lse = attention_ref(qs[None].detach(), ks[None].detach(), vs[None].detach(), upcast=upcast,
+                                     **seq_opts)
+            _, (dq, dk, dv) = attention_ref_backward(qs[None], ks[None], vs[None], ds[None], upcast=upcast,
+                                                     **seq_opts)
+        pad = torch.zeros(lk - uk, *k.shape[1:], dtype=dk.dtype, device=k.device)
+        outs.append(out[0]), lses.append(lse[0]), dqs.append(dq[0])
+        dks.append(torch.cat([dk[0], pad])), dvs.append(torch.cat([dv[0], pad]))
+        cq, ck = cq + lq, ck + lk
+    return torch.cat(outs), torch.cat(lses, dim=1), torch.cat(dqs), torch.cat(dks), torch.cat(dvs)
+
+
+def check_varlen(lens_q, lens_k, nheads=4, nheads_k=2, head_dim=128, dtype=torch.bfloat16, seqused_k=None,
+                 deterministic=False, **opts):
+    """flashtile's out, lse, dq, dk, dv on the packed batch against the per-sequence reference."""
+    q = packed(lens_q, nheads, head_dim, dtype)
+    k, v = packed(lens_k, nheads_k, head_dim, dtype), packed(lens_k, nheads_k, head_dim, dtype)
+    cu_q, cu_k = offsets(lens_q), offsets(lens_k)
+    used = None if seqused_k is None else torch.tensor(seqused_k, dtype=torch.int32, device="cuda")
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                   deterministic=deterministic, return_attn_probs=True,
+                                                   seqused_k=used, **opts)
+    assert out.shape == q.shape and lse.shape == (nheads, q.shape[0])
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = reference(q, k, v, dout, lens_q, lens_k, seqused_k, **opts)
+    pt = reference(q, k, v, dout, lens_q, lens_k, seqused_k, upcast=False, **opts)
+    for name, got, r, p in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref, pt):
+        if name in ("dq", "dk", "dv"):
+            assert torch.isfinite(got).all(), f"{name} is not finite"
+        assert_close_fa_rule(got, r, p, name, atol=GRAD_ATOL if name.startswith("d") else 1e-5)
+    return out, lse, grads
+
+
+# Lengths with an empty sequence, single rows, block edges and several blocks.
+LENS = {
+    "mixed": ([130, 0, 1, 257, 64], [130, 5, 0, 300, 1]),
+    "q-longer": ([300, 77, 129], [40, 77, 128]),
+    "equal": ([128, 200, 1, 513], [128, 200, 1, 513]),
+}
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("lens", list(LENS))
+def test_varlen(lens, mask, deterministic):
+    require_built(128, "bf16")
+    causal = mask == "causal"
+    window = (33, 7) if mask == "window" else (-1, -1)
+    check_varlen(*LENS[lens], causal=causal, window_size=window, deterministic=deterministic)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", list(_checks.SUPPORTED_HEAD_DIMS))
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_varlen_every_head_dim_and_dtype(dtype_name, head_dim, causal):
+    require_built(head_dim, dtype_name)
+    check_varlen([190, 0, 333, 65], [250, 17, 333, 1], nheads=6, nheads_k=3, head_dim=head_dim,
+                 dtype=DTYPES[dtype_name], causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_seqused_k(causal):
+    """Sequence b attends to its first seqused_k[b] keys only; the rest get zero dk, dv."""
+    require_built(128, "bf16")
+    _, _, (_, dk, dv) = check_varlen([100, 200, 64], [150, 300, 80], seqused_k=[150, 37, 0], causal=causal)
+    assert (dk[150 + 37:450] == 0).all() and (dv[450:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_varlen_softcap_and_alibi(dtype_name):
+    require_built(64, dtype_name, "scoremod")
+    slopes = torch.rand(3, 4, device="cuda") * 0.3
+    check_varlen([150, 1, 260], [200, 33, 260], head_dim=64, dtype=DTYPES[dtype_name], causal=True,
+                 softcap=6.0, alibi_slopes=slopes)
+
+
+def test_varlen_matches_the_fixed_length_batch():
+    """Equal lengths: the varlen call gives the fixed-length call's out and lse bit for bit."""
+    require_built(128, "bf16")
+    q, k, v = (torch.randn(3, 257, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    cu = offsets([257] * 3)
+    out_vl, lse_vl, _ = flashtile.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu,
+                                                         257, 257, causal=True, return_attn_probs=True)
+    assert torch.equal(out_vl, out.flatten(0, 1))
+    assert torch.equal(lse_vl, lse.transpose(0, 1).flatten(1, 2))
+
+
+def test_varlen_packed_functions_and_strided_inputs():
+    """qkvpacked and kvpacked views (strided, not contiguous) give what separate contiguous tensors give."""
+    require_built(64, "fp16")
+    lens = [70, 0, 190]
+    qkv = torch.randn(sum(lens), 3, 4, 64, device="cuda", dtype=torch.float16)
+    cu = offsets(lens)
+    expect = flashtile.flash_attn_varlen_func(*(t.contiguous() for t in qkv.unbind(1)), cu, cu, 190, 190, causal=True)
+    assert torch.equal(flashtile.flash_attn_varlen_qkvpacked_func(qkv, cu, 190, causal=True), expect)
+    q = qkv[:, 0]
+    assert torch.equal(flashtile.flash_attn_varlen_kvpacked_func(q, qkv[:, 1:], cu, cu, 190, 190, causal=True), expect)
+
+
+def test_varlen_padded_head_dim():
+    require_built(96, "bf16")
+    check_varlen([100, 3, 150], [120, 3, 90], head_dim=72, causal=True)
