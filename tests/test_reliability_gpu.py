@@ -94,7 +94,7 @@ FWD_REFUSALS = [
     ("out wrong shape", lambda a: a.update(out=poisoned(2, 34, 4, a["q"].shape[-1], dtype=a["q"].dtype)),
      ["out must have q's shape"]),
     ("q not 16-byte aligned", lambda a: a.update(q=_misaligned(a["q"])), ["q: data pointer must be 16-byte aligned"]),
-    ("k head stride odd", lambda a: a.update(k=_odd_head_stride(a["k"])), ["k: strides of dims 0-2"]),
+    ("k head stride odd", lambda a: a.update(k=_odd_head_stride(a["k"])), ["k: strides of every dim but the last must be multiples of 16 bytes"]),
     ("out heads overlap", lambda a: a.update(out=poisoned(*a["out"].shape, dtype=a["out"].dtype,
                                                            strides=(33 * a["q"].shape[-1], a["q"].shape[-1], 0, 1))),
      ["invalid argument"]),

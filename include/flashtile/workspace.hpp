@@ -28,19 +28,21 @@ constexpr int kBwdDqAccumRowAlign = 128;
 // query blocks. Varlen: per head, each sequence's rows start on a multiple
 // of kBwdDqAccumRowAlign (bwd_dq_accum_row), which takes at most
 // kBwdDqAccumRowAlign more rows per sequence.
-FLASHTILE_HOST_DEVICE inline int64_t bwd_dq_accum_rows(const BwdParams& p) {
-  const int64_t rows = is_varlen(p) ? int64_t(p.total_q) + int64_t(kBwdDqAccumRowAlign) * p.batch : p.seqlen_q;
+FLASHTILE_HOST_DEVICE inline int64_t bwd_dq_accum_rows(const BwdParams& p, bool varlen) {
+  const int64_t rows = varlen ? int64_t(p.total_q) + int64_t(kBwdDqAccumRowAlign) * p.batch : p.seqlen_q;
   return (rows + kBwdDqAccumRowAlign - 1) / kBwdDqAccumRowAlign * kBwdDqAccumRowAlign;
 }
+FLASHTILE_HOST_DEVICE inline int64_t bwd_dq_accum_rows(const BwdParams& p) { return bwd_dq_accum_rows(p, is_varlen(p)); }
 
 // The accumulator row of (this sequence, head, row 0). Varlen: sequence b
 // starts at (q_start + 128 b) rounded down to a multiple of 128, which is
-// past the previous sequence's rounded-up rows.
+// past the previous sequence's rounded-up rows. (seq.varlen, not params,
+// decides: a kernel instantiated for one kind folds the other away.)
 FLASHTILE_HOST_DEVICE inline int64_t bwd_dq_accum_row(const BwdParams& p, const SeqInfo& seq, int head) {
-  if (!seq.varlen) return (int64_t(seq.batch) * p.nheads + head) * bwd_dq_accum_rows(p);
+  if (!seq.varlen) return (int64_t(seq.batch) * p.nheads + head) * bwd_dq_accum_rows(p, false);
   const int64_t start = (int64_t(seq.q_start) + int64_t(kBwdDqAccumRowAlign) * seq.batch) / kBwdDqAccumRowAlign *
                         kBwdDqAccumRowAlign;
-  return int64_t(head) * bwd_dq_accum_rows(p) + start;
+  return int64_t(head) * bwd_dq_accum_rows(p, true) + start;
 }
 
 // Rows of lse and dsum: batch · seqlen_q, or total_q when varlen.

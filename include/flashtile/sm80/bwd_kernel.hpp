@@ -42,7 +42,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum) {
   using Element = typename Traits::Element;
@@ -67,10 +67,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int head_k = tile.head % params.nheads_k;
   const int batch = tile.head / params.nheads_k;
   const int tid = threadIdx.x;
-  const SeqInfo seq(params, batch);
+  const SeqInfo seq(params, batch, std::bool_constant<kVarlen>{});
   const int seqlen_q = seq.seqlen_q;
   const int seqlen_k = seq.seqlen_k;
-  if (n_block * kBlockN >= seq.seqlen_k_rows) return;  // varlen: past this sequence's rows
+  if constexpr (kVarlen) {
+    if (n_block * kBlockN >= seq.seqlen_k_rows) return;  // past this sequence's rows
+  }
   const int kv_rows_valid = seqlen_k - n_block * kBlockN;               // keys attended
   const int kv_rows_out = seq.seqlen_k_rows - n_block * kBlockN;        // rows of dK, dV to write
   const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                               seq.k_offset(params.dv_batch_stride, params.dv_row_stride),
                                               params.dv_row_stride, params.dv_head_stride, head_k, seq.seqlen_k_rows),
                           ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  if (kv_rows_valid <= 0) {
+  if (kVarlen && kv_rows_valid <= 0) {
     // seqused_k: keys of this sequence that no query attends get dK = dV = 0.
     typename Traits::GmemTiledCopyStore gmem_copy_zero;
     auto gmem_thr_copy_zero = gmem_copy_zero.get_thread_slice(tid);

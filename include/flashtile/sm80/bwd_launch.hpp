@@ -75,10 +75,15 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
   // keeps them within 2^31 − 1 blocks.
   const dim3 dkdv_grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
+  // Fixed-length and variable-length batches run separate instantiations of
+  // the main kernel (common/seqlen.hpp says why); the dQ and convert kernels
+  // decide at run time.
+  const bool varlen = is_varlen(params);
   if (params.deterministic) {
     // No dQ accumulator in this mode (the kernel variant never touches it).
-    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, false, kScoreMod>, dkdv_grid,
-                                                           Traits::kNThreads, stream, params,
+    auto* dkdv_kernel = varlen ? &bwd_dkdv_kernel<Traits, kMask, false, kScoreMod, true>
+                               : &bwd_dkdv_kernel<Traits, kMask, false, kScoreMod, false>;
+    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params,
                                                            static_cast<float*>(nullptr), dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
@@ -87,8 +92,10 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
 
-  if (launch_with_smem<Traits::kSmemBytes>(&bwd_dkdv_kernel<Traits, kMask, true, kScoreMod>, dkdv_grid, Traits::kNThreads,
-                                           stream, params, ws.dq_accum, dsum) != cudaSuccess) {
+  auto* dkdv_kernel = varlen ? &bwd_dkdv_kernel<Traits, kMask, true, kScoreMod, true>
+                             : &bwd_dkdv_kernel<Traits, kMask, true, kScoreMod, false>;
+  if (launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params, ws.dq_accum,
+                                           dsum) != cudaSuccess) {
     return Status::kCudaError;
   }
   const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));

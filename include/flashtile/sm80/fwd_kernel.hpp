@@ -19,6 +19,8 @@
 
 #include <cute/tensor.hpp>
 
+#include <type_traits>
+
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
@@ -32,7 +34,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask, bool kScoreMod>
+template <class Traits, MaskKind kMask, bool kScoreMod, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads)
     fwd_kernel(const __grid_constant__ FwdParams params) {
   using Element = typename Traits::Element;
@@ -54,10 +56,12 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int head_k = head / (params.nheads / params.nheads_k);
-  const SeqInfo seq(params, batch);
+  const SeqInfo seq(params, batch, std::bool_constant<kVarlen>{});
   const int seqlen_q = seq.seqlen_q;
   const int seqlen_k = seq.seqlen_k;
-  if (m_block * kBlockM >= seqlen_q) return;  // varlen: past this sequence's rows
+  if constexpr (kVarlen) {
+    if (m_block * kBlockM >= seqlen_q) return;  // past this sequence's rows
+  }
   const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
   const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k,
                                       kScoreMod ? alibi_slope(params, batch, head) : 0.f);

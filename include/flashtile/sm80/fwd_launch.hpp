@@ -15,7 +15,10 @@ namespace flashtile::sm80 {
 
 template <class Traits, MaskKind kMask, bool kScoreMod = false>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  auto* kernel = &fwd_kernel<Traits, kMask, kScoreMod>;
+  // Fixed-length and variable-length batches run separate instantiations
+  // (common/seqlen.hpp says why).
+  auto* kernel = is_varlen(params) ? &fwd_kernel<Traits, kMask, kScoreMod, true>
+                                   : &fwd_kernel<Traits, kMask, kScoreMod, false>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if constexpr (kSmemBytes > 99 * 1024) {
     // Head dim 256's 128 KB: more than sm86, sm89 and sm120 offer.
