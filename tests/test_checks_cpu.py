@@ -144,6 +144,7 @@ def test_variant_for():
         ({"softcap": float("nan")}, ValueError, ["softcap"]),
         ({"softcap": None}, TypeError, ["softcap", "NoneType"]),
         ({"softcap": 1e39}, ValueError, ["softcap", "float32"]),
+        ({"softcap": 1e-40}, ValueError, ["softcap", "normal float32"]),
         ({"alibi_slopes": torch.ones(4, dtype=torch.float64)}, ValueError, ["alibi_slopes", "float32"]),
         ({"alibi_slopes": torch.ones(3)}, ValueError, ["alibi_slopes", "(nheads,) = (4,)", "(3)"]),
         ({"alibi_slopes": torch.ones(3, 4)}, ValueError, ["alibi_slopes", "(batch, nheads) = (2, 4)"]),

@@ -26,13 +26,14 @@ def require_built(head_dim, dtype_name, variant="plain"):
         pytest.skip(f"hdim{head_dim}/{dtype_name}/{variant} is not in this build")
 
 
-def offsets(lengths):
-    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+def offsets(lengths, start=0):
+    return torch.tensor([start] + [start + n for n in torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                        device="cuda")
 
 
-def packed(lengths, nheads, head_dim, dtype, extra_rows=0):
-    """A (total + extra_rows, nheads, head_dim) leaf tensor whose first total rows hold the sequences."""
-    return torch.randn(sum(lengths) + extra_rows, nheads, head_dim, device="cuda", dtype=dtype).requires_grad_()
+def packed(lengths, nheads, head_dim, dtype, lead=0, tail=0):
+    """A (lead + total + tail, nheads, head_dim) leaf tensor whose rows lead .. lead + total hold the sequences."""
+    return torch.randn(lead + sum(lengths) + tail, nheads, head_dim, device="cuda", dtype=dtype).requires_grad_()
 
 
 def reference(q, k, v, dout, lens_q, lens_k, used_k=None, upcast=True, **opts):
@@ -66,20 +67,26 @@ def reference(q, k, v, dout, lens_q, lens_k, used_k=None, upcast=True, **opts):
 
 
 def check_varlen(lens_q, lens_k, nheads=4, nheads_k=2, head_dim=128, dtype=torch.bfloat16, seqused_k=None,
-                 deterministic=False, **opts):
-    """flashtile's out, lse, dq, dk, dv on the packed batch against the per-sequence reference."""
-    q = packed(lens_q, nheads, head_dim, dtype)
-    k, v = packed(lens_k, nheads_k, head_dim, dtype), packed(lens_k, nheads_k, head_dim, dtype)
-    cu_q, cu_k = offsets(lens_q), offsets(lens_k)
+                 deterministic=False, lead=0, tail=0, max_slack=0, **opts):
+    """flashtile's out, lse, dq, dk, dv on the packed batch against the per-sequence reference.
+    lead and tail: rows before and after the sequences (outside every one, so
+    left unwritten and not compared); max_slack: added to max_seqlen_q/k."""
+    q = packed(lens_q, nheads, head_dim, dtype, lead, tail)
+    k, v = (packed(lens_k, nheads_k, head_dim, dtype, lead, tail) for _ in range(2))
+    cu_q, cu_k = offsets(lens_q, lead), offsets(lens_k, lead)
     used = None if seqused_k is None else torch.tensor(seqused_k, dtype=torch.int32, device="cuda")
-    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                                   deterministic=deterministic, return_attn_probs=True,
-                                                   seqused_k=used, **opts)
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q) + max_slack,
+                                                   max(lens_k) + max_slack, deterministic=deterministic,
+                                                   return_attn_probs=True, seqused_k=used, **opts)
     assert out.shape == q.shape and lse.shape == (nheads, q.shape[0])
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref = reference(q, k, v, dout, lens_q, lens_k, seqused_k, **opts)
-    pt = reference(q, k, v, dout, lens_q, lens_k, seqused_k, upcast=False, **opts)
+    rows_q, rows_k = slice(lead, lead + sum(lens_q)), slice(lead, lead + sum(lens_k))
+    inner = [t[rows] for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k), (dout, rows_q))]
+    ref = reference(*inner, lens_q, lens_k, seqused_k, **opts)
+    pt = reference(*inner, lens_q, lens_k, seqused_k, upcast=False, **opts)
+    out, lse = out[rows_q], lse[:, rows_q]
+    grads = (grads[0][rows_q], grads[1][rows_k], grads[2][rows_k])
     for name, got, r, p in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref, pt):
         if name in ("dq", "dk", "dv"):
             assert torch.isfinite(got).all(), f"{name} is not finite"
@@ -157,3 +164,19 @@ def test_varlen_packed_functions_and_strided_inputs():
 def test_varlen_padded_head_dim():
     require_built(96, "bf16")
     check_varlen([100, 3, 150], [120, 3, 90], head_dim=72, causal=True)
+
+
+def test_varlen_rows_outside_the_sequences_and_loose_maxima():
+    """cu_seqlens starting past row 0, rows after the last sequence, and
+    max_seqlen_q/k above every length: the sequences' results are unchanged."""
+    require_built(128, "bf16")
+    check_varlen([130, 7, 64], [90, 300, 1], lead=37, tail=50, max_slack=200, causal=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_varlen_seqused_k_with_alibi_window(deterministic):
+    """seqused_k with ALiBi and a window: both align to the used keys' corner."""
+    require_built(64, "bf16", "scoremod")
+    slopes = torch.rand(3, 4, device="cuda") * 0.2
+    check_varlen([100, 200, 64], [150, 300, 80], seqused_k=[150, 137, 5], head_dim=64, window_size=(40, 9),
+                 alibi_slopes=slopes, deterministic=deterministic)

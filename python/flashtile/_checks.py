@@ -82,6 +82,7 @@ __all__ = [
 
 
 _FLOAT32_MAX = 3.4028234663852886e38  # softcap travels as a float32
+_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
 _MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z (the forward's heads, batch)
 _MAX_SEQLEN = 1 << 29  # kMaxSeqlen in flashtile.hpp: the mask arithmetic stays within int
 # The backward's grids are 1-D: blocks of 64 rows (the smallest tile) × heads
@@ -215,8 +216,11 @@ def check_options(
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     if not (0.0 <= softcap < math.inf):  # also false for NaN
         raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap}")
-    if softcap > _FLOAT32_MAX:
-        raise ValueError(f"softcap must fit in float32 (at most {_FLOAT32_MAX:.4g}), got {softcap}")
+    if softcap > _FLOAT32_MAX or 0.0 < softcap < _FLOAT32_MIN_NORMAL:
+        # Below float32's smallest normal number softcap would round to 0 (off)
+        # or leave softmax_scale / softcap infinite.
+        raise ValueError(f"softcap must be 0 or a normal float32 ({_FLOAT32_MIN_NORMAL:.4g} to "
+                         f"{_FLOAT32_MAX:.4g}), got {softcap}")
     if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError(
             f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}"
@@ -534,6 +538,8 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     if batch > _MAX_GRID_YZ:
         raise ValueError(f"cu_seqlens_q: {batch} sequences are above the supported {_MAX_GRID_YZ}")
+    if nheads > _MAX_GRID_YZ:
+        raise ValueError(f"{nq}: nheads {nheads} is above the supported {_MAX_GRID_YZ}, got shape {_fmt_shape(q)}")
     for blocks, what in ((-(-max_seqlen_q // 64) * nheads * batch, "batch × nheads × ceil(max_seqlen_q / 64)"),
                          (-(-max_seqlen_k // 64) * nheads_k * batch, "batch × nheads_k × ceil(max_seqlen_k / 64)")):
         if blocks > _MAX_GRID_BLOCKS:

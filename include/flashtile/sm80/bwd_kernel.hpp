@@ -279,7 +279,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     score_mod.apply_softcap(acc_s);
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
     recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
-                       scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN);
+                       scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN,
+                       seqlen_q - m_block * kBlockM);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
     __syncthreads();  // P and dS staged

@@ -24,9 +24,14 @@ using namespace cute;
 //   mod, row0, col0: the score modifiers and the tile's first row and column.
 //   With softcap, S holds t = tanh(·) (ScoreMod::apply_softcap, before the
 //   mask) and dS gains the chain rule's 1 − t²; ALiBi's bias is added here.
+//   rows_valid: the tile's rows inside the sequence. With the modifiers, the
+//   rows past it (zero Q, dO, LSE and D) get P = 0: a negative ALiBi slope
+//   would otherwise make their P = exp2(bias) overflow, and inf · 0 = NaN in
+//   dK and dV (the plain kernels' P there is exp2(0) = 1, times zeros).
 template <class AccS, class AccDP, class Coords, class Mod>
 CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords, const float* lse,
-                                    const float* dsum, float scale_log2, Mod const& mod, int row0, int col0) {
+                                    const float* dsum, float scale_log2, Mod const& mod, int row0, int col0,
+                                    int rows_valid) {
   Tensor s = rowcol_view(acc_s);      // (rows, cols)
   Tensor dp = rowcol_view(acc_dp);    // (rows, cols)
   Tensor rc = rowcol_view(coords);    // (rows, cols) -> (row, col)
@@ -43,7 +48,8 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
     // +inf score has lse = +inf: its P is NaN at the +inf scores and 0 at the
     // others, as in tests/reference.py.)
     const float row_lse = lse[row];
-    const float row_lse_log2 = row_lse == -INFINITY ? INFINITY : row_lse * float(M_LOG2E);
+    const bool no_p = row_lse == -INFINITY || (Mod::kIsEnabled && row >= rows_valid);
+    const float row_lse_log2 = no_p ? INFINITY : row_lse * float(M_LOG2E);
     const float row_dsum = dsum[row];
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) {
