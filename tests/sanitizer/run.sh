@@ -5,6 +5,7 @@
 # tool's log and a summary to $SANITIZER_OUT (default build-sanitizer/logs).
 #   tests/sanitizer/run.sh                      # build for FLASHTILE_CUDA_ARCHS (default 90a), run
 #   SANITIZER_BIN=path/to/binary tests/sanitizer/run.sh   # run a binary built elsewhere
+#   SANITIZER_TOOLS="memcheck initcheck" tests/sanitizer/run.sh   # some of the tools
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${SANITIZER_BUILD:-build-sanitizer}
@@ -25,7 +26,7 @@ summary=$out/summary.txt
   echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
   echo "# $(compute-sanitizer --version 2>/dev/null | tail -1)"
 } >"$summary"
-for tool in memcheck racecheck initcheck synccheck; do
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
   log=$out/$tool.log
   compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" >"$log" 2>&1
   rc=$?
