@@ -180,3 +180,68 @@ def test_varlen_seqused_k_with_alibi_window(deterministic):
     slopes = torch.rand(3, 4, device="cuda") * 0.2
     check_varlen([100, 200, 64], [150, 300, 80], seqused_k=[150, 137, 5], head_dim=64, window_size=(40, 9),
                  alibi_slopes=slopes, deterministic=deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_varlen_in_a_cuda_graph(deterministic):
+    """The varlen path never reads the offsets on the host, so forward and
+    backward capture into a CUDA graph; replays with new values (offsets
+    included) give what eager calls give."""
+    require_built(128, "bf16")
+    lens = [100, 0, 257]
+    static = [packed(lens, 4, 128, torch.bfloat16) for _ in range(3)]
+    static_dout = torch.randn_like(static[0])
+    static_cu = offsets(lens)
+
+    def step(q, k, v, cu, dout):
+        out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 257, 257, causal=True, deterministic=deterministic)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch's docs ask
+        for _ in range(2):
+            step(*static, static_cu, static_dout)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(*static, static_cu, static_dout)
+
+    for new_lens in ([120, 37, 200], [1, 256, 100]):  # same total rows, other boundaries
+        fresh = [torch.randn_like(t) for t in static]
+        fresh_dout = torch.randn_like(static_dout)
+        with torch.no_grad():
+            for s, f in zip(static, fresh):
+                s.copy_(f)
+            static_dout.copy_(fresh_dout)
+            static_cu.copy_(offsets(new_lens))
+        graph.replay()
+        leaves = [f.detach().requires_grad_() for f in fresh]
+        expected = step(*leaves, offsets(new_lens), fresh_dout)
+        for name, got, want in zip(("out", "dq", "dk", "dv"), captured, expected):
+            if deterministic or name in ("out", "dk", "dv"):
+                assert torch.equal(got, want), f"{name} of the replay differs from eager"
+            else:  # dq's atomic adds sum in a varying order
+                torch.testing.assert_close(got, want, rtol=0, atol=2e-2, msg=lambda m: f"{name}: {m}")
+
+
+def test_varlen_under_torch_compile_fullgraph():
+    """flash_attn_varlen_func traces without a graph break; the compiled
+    forward and backward match eager."""
+    require_built(64, "fp16")
+    lens = [70, 0, 190, 33]
+    q, k, v = (packed(lens, 4, 64, torch.float16) for _ in range(3))
+    cu = offsets(lens)
+
+    def attention(q, k, v, cu):
+        return flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 190, 190, causal=True, deterministic=True)
+
+    compiled = torch.compile(attention, fullgraph=True)  # a graph break raises
+    dout = torch.randn_like(q)
+    out_eager = attention(q, k, v, cu)
+    grads_eager = torch.autograd.grad(out_eager, (q, k, v), dout)
+    out_compiled = compiled(q, k, v, cu)
+    grads_compiled = torch.autograd.grad(out_compiled, (q, k, v), dout)
+    assert torch.equal(out_compiled, out_eager)
+    for name, got, want in zip(("dq", "dk", "dv"), grads_compiled, grads_eager):
+        assert torch.equal(got, want), f"{name} differs under torch.compile"
