@@ -6,7 +6,8 @@
 //
 //   load K, V once, and the first query block
 //   for each query head of the group, each visible query block i:
-//     start loading Q, dO, LSE, D of block i+1 (the other smem buffer)
+//     start loading Q, dO, LSE, D of block i+1 (the other smem buffer;
+//     with kSingleBufferDo, dO's one buffer is loaded after dV below)
 //     S = Q_i·Kᵀ, dP = dO_i·Vᵀ                 (registers)
 //     softcap and ALiBi (kScoreMod kernels, common/score_mod.hpp)
 //     P = exp2(S·c − LSE·log2 e) (0 where masked), dS = P ∘ (dP − D_i)
@@ -17,7 +18,8 @@
 //   write dK · scale and dV
 //
 // Two barriers per query block: one when its loads have landed (which also
-// frees the other buffer and P/dS for reuse), one when P and dS are staged.
+// frees the other buffer and P/dS for reuse), one when P and dS are staged;
+// with dO single-buffered (kSingleBufferDo) a third after the dV product.
 // S and P never reach device memory; they are recomputed from Q, K and the
 // forward's LSE.
 #pragma once
@@ -118,16 +120,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return;
   }
 
-  // Shared memory: Q[2] | dO[2] | K | V | P | dS | LSE[2] | D[2]. The tensors
-  // below are buffer 0's; buffer 1 of Q, dO, LSE and D sits one tile further.
+  // Shared memory: Q[2] | dO[2] | K | V | P | dS | LSE[2] | D[2] (dO[1] with
+  // kSingleBufferDo). The tensors below are buffer 0's; buffer 1 of Q, dO,
+  // LSE and D sits one tile further.
+  constexpr bool kSingleDo = Traits::kSingleBufferDo;
+  constexpr int kDoBuffers = kSingleDo ? 1 : 2;
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});             // (kBlockM, kHeadDim)
   Tensor sdO = make_tensor(sQ.data() + 2 * size(sQ), typename Traits::SmemLayoutQ{});         // (kBlockM, kHeadDim)
-  Tensor sK = make_tensor(sdO.data() + 2 * size(sdO), typename Traits::SmemLayoutKV{});       // (kBlockN, kHeadDim)
+  Tensor sK = make_tensor(sdO.data() + kDoBuffers * size(sdO), typename Traits::SmemLayoutKV{});       // (kBlockN, kHeadDim)
   Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});             // (kBlockN, kHeadDim)
   Tensor sP = make_tensor(sV.data() + size(sV), typename Traits::SmemLayoutPdS{});            // (kBlockM, kBlockN)
   Tensor sdS = make_tensor(sP.data() + size(sP), typename Traits::SmemLayoutPdS{});           // (kBlockM, kBlockN)
-  float* smem_lse = reinterpret_cast<float*>(smem + 4 * Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes +
+  float* smem_lse = reinterpret_cast<float*>(smem + (2 + kDoBuffers) * Traits::kSmemQBytes + 2 * Traits::kSmemKVBytes +
                                              2 * Traits::kSmemPdSBytes);  // [2][kBlockM]
   float* smem_dsum = smem_lse + 2 * kBlockM;                              // [2][kBlockM]
   Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQt{});       // (kHeadDim, kBlockM)
@@ -181,8 +186,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return make_tuple(head_k * group + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);
   };
 
-  // Issues the loads of iteration `it`'s Q, dO, LSE and D into buffer `buf`.
-  auto load_query_block = [&](int it, int buf) {
+  // Issues the loads of iteration `it`'s dO (when with_do) and Q, LSE and D
+  // (when with_q) into buffer `buf` (dO: its one buffer with kSingleBufferDo).
+  auto load_query_block = [&](int it, int buf, bool with_q, bool with_do) {
     const auto [head, m_block] = query_block_of(it);
     const int q_rows_valid = seqlen_q - m_block * kBlockM;
     Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
@@ -193,8 +199,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                 seq.q_offset(params.dout_batch_stride, params.dout_row_stride),
                                                 params.dout_row_stride, params.dout_head_stride, head, seqlen_q),
                             ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-    copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
-    copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, buf), tQcQ, q_rows_valid);
+    if (with_q) {
+      copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
+    }
+    if (with_do) {
+      copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, kSingleDo ? 0 : buf), tQcQ,
+                        q_rows_valid);
+    }
+    if (!with_q) return;
     const int64_t row_offset = seq.row_index(params, head) + m_block * kBlockM;
     using RowCopy = typename Traits::RowCopyAtom;
     load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
@@ -206,7 +218,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     kv_rows_valid);
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), tKVcKV,
                     kv_rows_valid);
-  if (iterations > 0) load_query_block(0, 0);
+  if (iterations > 0) load_query_block(0, 0, true, true);
   cp_async_fence();
 
   // The three products' partitions.
@@ -266,15 +278,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Block `it` has landed; every warp has finished block it−1, so the
     // other buffer, P and dS are free.
     __syncthreads();
-    if (it + 1 < iterations) load_query_block(it + 1, buf ^ 1);
+    if (it + 1 < iterations) load_query_block(it + 1, buf ^ 1, true, !kSingleDo);
     cp_async_fence();
+    const int do_buf = kSingleDo ? 0 : buf;
 
     Tensor acc_s = partition_fragment_C(mma_sdp, ShapeS{});   // (MMA, MMA_M, MMA_N)
     Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeS{});  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
     clear(acc_dp);
     gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, ldsm_sdp_a, ldsm_sdp_b);
-    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, ldsm_sdp_a, ldsm_sdp_b);
+    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, do_buf), tdPsV, ldsm_sdp_a, ldsm_sdp_b);
 
     score_mod.apply_softcap(acc_s);
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
@@ -284,9 +297,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
     __syncthreads();  // P and dS staged
+    if constexpr (kSingleDo) {
+      // dV first: once every warp is past it, dO's one buffer takes the next
+      // block's, whose load then overlaps the dQ and dK products.
+      gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, ldsm_dkv_a, ldsm_dkv_b);
+      __syncthreads();
+      if (it + 1 < iterations) load_query_block(it + 1, 0, false, true);
+      cp_async_fence();
+    }
 
-    // dQ before dV and dK: its atomic adds then drain while the dV and dK
-    // products run (1–5 % faster than after them, measured on the H200).
+    // dQ before dV and dK (before dK alone with kSingleBufferDo): its atomic
+    // adds then drain while those products run (1–5 % faster than after
+    // them, measured on the H200).
     if constexpr (kAccumulateDq) {
       Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
       clear(acc_dq);
@@ -303,7 +325,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     }
 
-    gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, in_buffer(tdVsdOt, buf), ldsm_dkv_a, ldsm_dkv_b);
+    if constexpr (!kSingleDo) {
+      gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, in_buffer(tdVsdOt, buf), ldsm_dkv_a, ldsm_dkv_b);
+    }
     gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), ldsm_dkv_a, ldsm_dkv_b);
   };
   int it = 0;

@@ -34,11 +34,13 @@ template <bool kIsCausal>
 struct BwdConfig<64, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 4, kAtomNdKV = 4, kAtomMdQ = 4;
+  static constexpr bool kSingleBufferDo = false;  // see BwdConfig<192>
 };
 template <bool kIsCausal>
 struct BwdConfig<128, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
+  static constexpr bool kSingleBufferDo = false;
 };
 template <bool kIsCausal>
 struct BwdConfig<32, kIsCausal> : BwdConfig<64, kIsCausal> {};
@@ -48,17 +50,26 @@ template <bool kIsCausal>
 struct BwdConfig<96, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
+  static constexpr bool kSingleBufferDo = false;
 };
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
-// thread, so keys come in blocks of 64; shared memory is 161 and 209 KB (the
+// thread, so keys come in blocks of 64; shared memory is 137 and 209 KB (the
 // H100/H200's 227 KB per block; sm80's 163 KB is too little for 256).
 template <bool kIsCausal>
 struct BwdConfig<192, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
   static constexpr int kAtomMSdP = 4, kAtomNdKV = 2, kAtomMdQ = 2;
+  // dO in one buffer, loaded after the dV product (bwd_kernel.hpp): 137
+  // instead of 161 KB and 12–16 instead of 60–64 bytes of spill; +2 %
+  // non-causal, 0 causal at 1k–16k on the H200 (benchmarks/NOTES.md).
+  static constexpr bool kSingleBufferDo = true;
 };
+// 256 keeps dO double-buffered: single, it ran 6–7 % slower non-causal and
+// 2–4 % causal (1k–16k, H200).
 template <bool kIsCausal>
-struct BwdConfig<256, kIsCausal> : BwdConfig<192, kIsCausal> {};
+struct BwdConfig<256, kIsCausal> : BwdConfig<192, kIsCausal> {
+  static constexpr bool kSingleBufferDo = false;
+};
 
 // The deterministic mode's dQ kernel (one CTA per query block, walking the
 // key blocks with K and V double-buffered): 64 × 64 tiles keep its shared
@@ -71,6 +82,7 @@ struct BwdDqConfig {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
   // dQ's warps 2 × 4 tile 64 columns, 4 × 2 tile 32 (head dims 32 and 96).
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = kHeadDim % 64 == 0 ? 2 : 4;
+  static constexpr bool kSingleBufferDo = false;  // the dQ kernel has its own layout
 };
 
 template <int kHeadDim_, class Element_, class Config_>
@@ -117,9 +129,11 @@ struct BwdTraits {
   static constexpr int kSmemPdSBytes = kBlockM * kBlockN * sizeof(Element);
   static constexpr int kSmemRowsBytes = kBlockM * int(sizeof(float));  // one LSE or D block
   // Main kernel: Q, dO, LSE and D rows double-buffered (the next query block
-  // loads while this one computes), K, V, P, dS single.
-  static constexpr int kSmemBytes =
-      4 * kSmemQBytes + 2 * kSmemKVBytes + 2 * kSmemPdSBytes + 4 * kSmemRowsBytes;
+  // loads while this one computes; dO single with kSingleBufferDo), K, V, P,
+  // dS single.
+  static constexpr bool kSingleBufferDo = Config::kSingleBufferDo;
+  static constexpr int kSmemBytes = (kSingleBufferDo ? 3 : 4) * kSmemQBytes + 2 * kSmemKVBytes +
+                                    2 * kSmemPdSBytes + 4 * kSmemRowsBytes;
   // dQ kernel: Q, dO, LSE, D single, K and V double-buffered, dS.
   static constexpr int kSmemDqBytes =
       2 * kSmemQBytes + 4 * kSmemKVBytes + kSmemPdSBytes + 2 * kSmemRowsBytes;
