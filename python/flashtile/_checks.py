@@ -340,6 +340,27 @@ def check_devices(tensors, names) -> None:
             )
 
 
+def _check_dtypes(q, k, v, names) -> None:
+    """q float16 or bfloat16; k and v of q's dtype."""
+    nq, nk, nv = names
+    if _dtype_name(q.dtype) is None:
+        raise ValueError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
+    for t, name in ((k, nk), (v, nv)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} must have the same dtype as {nq} ({q.dtype}), got {t.dtype}")
+
+
+def _check_head_groups(q, k, nheads: int, nheads_k: int, nq: str, nk: str) -> None:
+    """At least one K/V head, and q's heads a whole number of groups of them."""
+    if nheads_k == 0:
+        raise ValueError(f"{nk} must have at least one head, got shape {_fmt_shape(k)}")
+    if nheads % nheads_k != 0:
+        raise ValueError(
+            f"{nk}: nheads of {nq} ({nheads}) must be a multiple of nheads of {nk} ({nheads_k}), "
+            f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
+        )
+
+
 def check_alibi_slopes(alibi_slopes, batch: int, nheads: int) -> None:
     """ALiBi slopes: float32, shape (nheads,) or (batch, nheads), any strides
     (placement is checked with the other tensors')."""
@@ -374,11 +395,7 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v"), alibi_slopes=No
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D {what}, got {t.dim()}-D shape {_fmt_shape(t)}")
 
-    if _dtype_name(q.dtype) is None:
-        raise ValueError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
-    for t, name in ((k, nk), (v, nv)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name} must have the same dtype as {nq} ({q.dtype}), got {t.dtype}")
+    _check_dtypes(q, k, v, names)
 
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, _ = k.shape
@@ -399,13 +416,7 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v"), alibi_slopes=No
         raise ValueError(
             f"{nv} must have the same number of heads as {nk} ({nheads_k}), got shape {_fmt_shape(v)}"
         )
-    if nheads_k == 0:
-        raise ValueError(f"{nk} must have at least one head, got shape {_fmt_shape(k)}")
-    if nheads % nheads_k != 0:
-        raise ValueError(
-            f"{nk}: nheads of {nq} ({nheads}) must be a multiple of nheads of {nk} ({nheads_k}), "
-            f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
-        )
+    _check_head_groups(q, k, nheads, nheads_k, nq, nk)
 
     for n, t, seqlen in ((nq, q, seqlen_q), (nk, k, seqlen_k)):
         if seqlen > _MAX_SEQLEN:
@@ -504,11 +515,7 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                           (v, nv, "(total_k, nheads_k, headdim)")):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D {what}, got {t.dim()}-D shape {_fmt_shape(t)}")
-    if _dtype_name(q.dtype) is None:
-        raise ValueError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
-    for t, name in ((k, nk), (v, nv)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name} must have the same dtype as {nq} ({q.dtype}), got {t.dtype}")
+    _check_dtypes(q, k, v, names)
     total_q, nheads, head_dim = q.shape
     total_k, nheads_k, _ = k.shape
     for t, name in ((k, nk), (v, nv)):
@@ -516,13 +523,7 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             raise ValueError(f"{name} must have the same head dim as {nq} ({head_dim}), got shape {_fmt_shape(t)}")
     if v.shape[0] != total_k or v.shape[1] != nheads_k:
         raise ValueError(f"{nv} must have the shape of {nk} {_fmt_shape(k)}, got {_fmt_shape(v)}")
-    if nheads_k == 0:
-        raise ValueError(f"{nk} must have at least one head, got shape {_fmt_shape(k)}")
-    if nheads % nheads_k != 0:
-        raise ValueError(
-            f"{nk}: nheads of {nq} ({nheads}) must be a multiple of nheads of {nk} ({nheads_k}), "
-            f"got shapes {_fmt_shape(q)} and {_fmt_shape(k)}"
-        )
+    _check_head_groups(q, k, nheads, nheads_k, nq, nk)
     for t, name in ((q, nq), (k, nk)):
         if t.shape[0] > _MAX_GRID_BLOCKS:
             raise ValueError(f"{name}: {t.shape[0]} rows are above the supported {_MAX_GRID_BLOCKS}")
