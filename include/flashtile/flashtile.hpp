@@ -90,6 +90,22 @@ bool score_mod_valid(const Params& p) {
   return p.alibi_slopes == nullptr || (p.alibi_slopes_batch_stride >= 0 && p.alibi_slopes_head_stride >= 0);
 }
 
+// dropout_p is in [0, 1) (NaN fails), with a seed when above 0.
+template <class Params>
+bool dropout_valid(const Params& p) {
+  if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) return false;
+  return p.dropout_p == 0.f || p.dropout_seed != nullptr;
+}
+
+// The testing-only attn_probs covers every (row, key) of the longest
+// sequences, and its grid (sm80/attn_probs_kernel.hpp) fits CUDA's limits:
+// 16-row tiles in y, (batch, head) in z.
+inline bool attn_probs_valid(const FwdParams& p) {
+  if (p.attn_probs == nullptr) return true;
+  return p.attn_probs_rows >= p.seqlen_q && p.attn_probs_cols >= p.seqlen_k &&
+         p.attn_probs_rows <= 16 * 65535 && int64_t(p.batch) * p.nheads <= 65535;
+}
+
 // A variable-length batch names both cu_seqlens arrays and the packed row
 // counts; seqused_k only comes with them. (The offsets' values are on the
 // device and not read here: the kernels clamp them into the tensors.)
@@ -126,7 +142,7 @@ inline Status can_implement_fwd(const FwdParams& p) {
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
   if (p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
-  if (!score_mod_valid(p)) return Status::kInvalidArgument;
+  if (!score_mod_valid(p) || !dropout_valid(p) || !attn_probs_valid(p)) return Status::kInvalidArgument;
   if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                              p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                              p.out_batch_stride, p.out_row_stride, p.out_head_stride}) ||
@@ -164,7 +180,7 @@ inline Status can_implement_bwd(const BwdParams& p) {
   if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
   if (!(p.softmax_scale > 0.f)) return Status::kInvalidArgument;
   if (p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
-  if (!score_mod_valid(p)) return Status::kInvalidArgument;
+  if (!score_mod_valid(p) || !dropout_valid(p)) return Status::kInvalidArgument;
   if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                              p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                              p.out_batch_stride, p.out_row_stride, p.out_head_stride, p.dout_batch_stride,
@@ -189,8 +205,8 @@ inline Status can_implement_bwd(const BwdParams& p) {
   return aligned ? Status::kSuccess : Status::kMisalignedPointer;
 }
 
-// The kernels that serve params: those with score modifiers when softcap or
-// ALiBi is asked for, else the plain ones.
+// The kernels that serve params: those with modifiers when softcap, ALiBi,
+// dropout or (forward) attn_probs is asked for, else the plain ones.
 template <class Params>
 Variant variant_for(const Params& p) {
   return uses_score_mod(p) ? Variant::kScoreMod : Variant::kPlain;

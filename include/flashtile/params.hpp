@@ -78,6 +78,27 @@ struct FwdParams {
   int total_q = 0;
   int total_k = 0;
   DType dtype = DType::kBf16;
+  // (Last, so the fields above keep the offsets the kernels were tuned with.)
+  // Dropout on the attention probabilities (common/dropout.hpp): each is
+  // dropped with probability dropout_p in [0, 1) and the kept ones are scaled
+  // by 1 / (1 − dropout_p); the logsumexp is that of the undropped scores.
+  // dropout_seed points to one int64 on the device whose 64 bits are the
+  // Philox key (read by the kernels, so a captured CUDA graph can be replayed
+  // with a new seed written there); required when dropout_p > 0. The backward
+  // must get the same seed.
+  float dropout_p = 0.f;
+  const int64_t* dropout_seed = nullptr;
+  // Testing only: when set, the forward also writes the probabilities P =
+  // exp(score − lse) it used, in q's dtype, to attn_probs, contiguous
+  // (batch, nheads, attn_probs_rows, attn_probs_cols) with rows >= seqlen_q
+  // and cols >= seqlen_k (the longest, when varlen), entry (i, j) for query
+  // row i and key j of a sequence, 0 where masked or outside the sequence.
+  // Dropped entries are written negated (the sign bit set even where P is
+  // 0), as flash_attn's return_attn_probs. A separate, slow kernel
+  // (sm80/attn_probs_kernel.hpp), run after the forward.
+  void* attn_probs = nullptr;
+  int attn_probs_rows = 0;
+  int attn_probs_cols = 0;
 };
 
 // Backward attention: given dout = ∂L/∂out, computes dq, dk, dv. Layouts as
@@ -130,6 +151,8 @@ struct BwdParams {
   // changes bwd_workspace_bytes().
   bool deterministic = false;
   DType dtype = DType::kBf16;
+  float dropout_p = 0.f;  // as FwdParams: the forward's, with the same seed
+  const int64_t* dropout_seed = nullptr;
 };
 
 // True for a variable-length batch (cu_seqlens).
@@ -138,11 +161,17 @@ constexpr bool is_varlen(const Params& p) {
   return p.cu_seqlens_q != nullptr;
 }
 
-// True when params ask for softcap or ALiBi, which only the kernels built
-// with score modifiers apply (run_fwd / run_bwd<..., true>).
+// True when params ask for softcap, ALiBi or dropout, which only the kernels
+// built with modifiers apply (run_fwd / run_bwd<..., true>, the "scoremod"
+// variant).
 template <class Params>
 constexpr bool uses_score_mod(const Params& p) {
-  return p.softcap != 0.f || p.alibi_slopes != nullptr;
+  return p.softcap != 0.f || p.alibi_slopes != nullptr || p.dropout_p != 0.f;
+}
+
+// The forward's testing-only probabilities output is the modifier kernels' too.
+constexpr bool uses_score_mod(const FwdParams& p) {
+  return p.softcap != 0.f || p.alibi_slopes != nullptr || p.dropout_p != 0.f || p.attn_probs != nullptr;
 }
 
 }  // namespace flashtile

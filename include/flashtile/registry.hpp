@@ -17,8 +17,9 @@ enum class Direction : int { kFwd = 0, kBwd = 1 };
 // kSm80 is the mma.sync / cp.async path: it runs on sm80 and every newer arch.
 enum class Arch : int { kSm80 = 0 };
 
-// kScoreMod kernels apply softcap and ALiBi (common/score_mod.hpp); kPlain
-// kernels have neither and none of their cost.
+// kScoreMod kernels apply softcap, ALiBi and dropout (common/score_mod.hpp,
+// common/dropout.hpp) and write the forward's testing-only attn_probs; kPlain
+// kernels have none of them and none of their cost.
 enum class Variant : int { kPlain = 0, kScoreMod = 1 };
 
 inline const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "bwd"; }

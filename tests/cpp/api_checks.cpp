@@ -127,6 +127,24 @@ int main() {
                       [](Fwd& p) { p.seqused_k = kOffsets; }, valid_fwd());
   expect_refused<Fwd>("fwd: varlen with total_q 0", Status::kInvalidArgument, fwd_check,
                       [](Fwd& p) { p.cu_seqlens_q = p.cu_seqlens_k = kOffsets, p.total_k = 1; }, valid_fwd());
+  static const int64_t kSeed = 0;
+  expect_refused<Fwd>("fwd: dropout_p 1", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.dropout_p = 1.f, p.dropout_seed = &kSeed; }, valid_fwd());
+  expect_refused<Fwd>("fwd: dropout_p NaN", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.dropout_p = std::nanf(""), p.dropout_seed = &kSeed; }, valid_fwd());
+  expect_refused<Fwd>("fwd: dropout without a seed", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.dropout_p = 0.1f; }, valid_fwd());
+  expect_refused<Fwd>("fwd: attn_probs with fewer rows than seqlen_q", Status::kInvalidArgument, fwd_check,
+                      [](Fwd& p) { p.attn_probs = fake_pointer(0xb0000), p.attn_probs_rows = p.seqlen_q - 1,
+                                   p.attn_probs_cols = p.seqlen_k; }, valid_fwd());
+  {
+    Fwd with_dropout = valid_fwd();
+    with_dropout.dropout_p = 0.5f, with_dropout.dropout_seed = &kSeed;
+    with_dropout.attn_probs = fake_pointer(0xb0000);
+    with_dropout.attn_probs_rows = with_dropout.seqlen_q, with_dropout.attn_probs_cols = with_dropout.seqlen_k;
+    expect(flashtile::can_implement_fwd(with_dropout) == Status::kSuccess, "fwd: dropout with attn_probs passes");
+    expect(flashtile::variant_for(with_dropout) == flashtile::Variant::kScoreMod, "fwd: dropout runs scoremod");
+  }
   expect_refused<Fwd>("fwd: head_dim 80", Status::kUnsupportedHeadDim, fwd_check,
                       [](Fwd& p) { p.head_dim = 80; }, valid_fwd());
   expect_refused<Fwd>("fwd: misaligned k", Status::kMisalignedPointer, fwd_check,
@@ -168,6 +186,10 @@ int main() {
                       [](Bwd& p) { p.softcap = INFINITY; }, valid_bwd());
   expect_refused<Bwd>("bwd: cu_seqlens_k without cu_seqlens_q", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.cu_seqlens_k = kOffsets; }, valid_bwd());
+  expect_refused<Bwd>("bwd: dropout without a seed", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.dropout_p = 0.5f; }, valid_bwd());
+  expect_refused<Bwd>("bwd: dropout_p negative", Status::kInvalidArgument, bwd_check,
+                      [](Bwd& p) { p.dropout_p = -0.5f, p.dropout_seed = &kSeed; }, valid_bwd());
   expect_refused<Bwd>("bwd: window_right -3", Status::kInvalidArgument, bwd_check,
                       [](Bwd& p) { p.window_right = -3; }, valid_bwd());
   expect_refused<Bwd>("bwd: head_dim 264", Status::kUnsupportedHeadDim, bwd_check,

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
@@ -106,6 +107,56 @@ bool word_stores_conflict_free(const Element* base, PartitionOf part) {
   return true;
 }
 
+// Dropout's four-score groups (common/dropout.hpp): every thread's S
+// accumulator atom (v, m, n) of a (rows, cols) tile starts at a row ≡ 0..7
+// (mod 16) and an even column, and its element v sits at (8·(v / 2), v % 2)
+// from element 0, so every kernel draws one Philox call per same group.
+template <class TiledMma>
+bool dropout_groups_match(int rows, int cols) {
+  TiledMma mma;
+  for (int t = 0; t < int(size(mma)); ++t) {
+    auto tScS = mma.get_thread_slice(t).partition_C(make_identity_tensor(make_shape(rows, cols)));  // (MMA, MMA_M, MMA_N)
+    if (size<0>(tScS) != 4) return false;
+    for (int m = 0; m < size<1>(tScS); ++m) {
+      for (int n = 0; n < size<2>(tScS); ++n) {
+        const int row = get<0>(tScS(0, m, n)), col = get<1>(tScS(0, m, n));
+        if (row % 16 >= 8 || col % 2 != 0) return false;
+        for (int v = 0; v < 4; ++v) {
+          if (get<0>(tScS(v, m, n)) != row + 8 * (v / 2) || get<1>(tScS(v, m, n)) != col + v % 2) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// Philox4x32-10 against the Random123 known-answer vectors (counter, key ->
+// output), and the keep threshold's ends.
+void check_philox() {
+  struct Kat {
+    uint32_t counter[4];
+    flashtile::PhiloxKey key;
+    uint32_t expected[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}, {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (const Kat& kat : kats) {
+    uint32_t out[4];
+    flashtile::philox4x32_10(kat.counter[0], kat.counter[1], kat.counter[2], kat.counter[3], kat.key, out);
+    expect(out[0] == kat.expected[0] && out[1] == kat.expected[1] && out[2] == kat.expected[2] &&
+               out[3] == kat.expected[3],
+           "philox", "Philox4x32-10 gives the Random123 known answer");
+  }
+  expect(flashtile::dropout_keep_threshold(0.5f) == 0x80000000u, "philox", "p = 0.5 keeps words below 2^31");
+  expect(flashtile::dropout_keep_threshold(1e-12f) == 0xFFFFFFFFu, "philox", "a tiny p saturates below 2^32");
+  expect(flashtile::dropout_keep_threshold(1.f - 0x1p-23f) == 512u, "philox", "p near 1 keeps round((1 - p) 2^32)");
+}
+
 template <class Traits>
 void check_fwd_config(const char* config, int smem_limit = kSmemLimitAllBytes) {
   using Element = typename Traits::Element;
@@ -178,6 +229,7 @@ void check_fwd_config(const char* config, int smem_limit = kSmemLimitAllBytes) {
          config, "S accumulators cover the tile once");
   expect(covers_exactly_once(kThreads, kM, kD, [&](int t) { return tiled_mma.get_slice(t).partition_C(cO); }),
          config, "O accumulators cover the tile once");
+  expect(dropout_groups_match<typename Traits::TiledMma>(kM, kN), config, "S atoms are dropout's four-score groups");
 
   // Online softmax: in the (row, col) view each thread's row r is one query
   // row, the four lanes of a quad hold the same rows, and together they hold
@@ -276,6 +328,8 @@ void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) 
            return mma_dq.get_slice(t).partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
          }),
          config, "dQ accumulators cover the tile once");
+  expect(dropout_groups_match<typename Traits::TiledMmaSdP>(kM, kN), config,
+         "S atoms are dropout's four-score groups");
 
   using Ldsm = typename Traits::SmemCopyAtom;
   using LdsmT = typename Traits::SmemCopyAtomTransposed;
@@ -497,6 +551,7 @@ void check_varlen_layout() {
 }  // namespace
 
 int main() {
+  check_philox();
   using flashtile::sm80::FwdTraitsFor;
   using flashtile::sm80::BwdTraits;
   // Shared-memory limits: 99 KB runs everywhere (sm80+); 163 KB needs sm80

@@ -97,14 +97,24 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   cudaMalloc(&lse, size_t(batches) * pr.nheads * rows_q * sizeof(float));
   int *d_cu_q = varlen ? device_ints(cu_q) : nullptr, *d_cu_k = varlen ? device_ints(cu_k) : nullptr;
   int* d_used_k = device_ints(pr.used_k);
-  // The scoremod kernels run with both modifiers: softcap and (batch, nheads) ALiBi slopes.
+  // The scoremod kernels run with every modifier: softcap, (batch, nheads)
+  // ALiBi slopes and dropout, and the forward writes the testing-only
+  // probabilities (rows and columns rounded up to 128, as flashtile's Python
+  // layer allocates them).
   const bool score_mod = key.variant == flashtile::Variant::kScoreMod;
   float* slopes = nullptr;
+  int64_t* dropout_seed = nullptr;
+  void* attn_probs = nullptr;
+  const int probs_rows = (pr.seqlen_q + 127) / 128 * 128, probs_cols = (pr.seqlen_k + 127) / 128 * 128;
   if (score_mod) {
     std::vector<float> host(size_t(pr.batch) * pr.nheads);
     for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f / float(i + 1);
     cudaMalloc(&slopes, host.size() * sizeof(float));
     cudaMemcpy(slopes, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+    const int64_t host_seed = 0x123456789abcdefLL + seed;
+    cudaMalloc(&dropout_seed, sizeof(int64_t));
+    cudaMemcpy(dropout_seed, &host_seed, sizeof(int64_t), cudaMemcpyHostToDevice);
+    cudaMalloc(&attn_probs, size_t(pr.batch) * pr.nheads * probs_rows * probs_cols * 2);
   }
 
   flashtile::FwdParams f;
@@ -117,7 +127,11 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   f.seqlen_q = pr.seqlen_q, f.seqlen_k = pr.seqlen_k, f.head_dim = d;
   f.softmax_scale = 0.125f, f.causal = pr.causal, f.dtype = key.dtype;
   f.window_left = pr.window_left, f.window_right = pr.window_right;
-  if (score_mod) f.softcap = 20.f, f.alibi_slopes = slopes, f.alibi_slopes_batch_stride = pr.nheads;
+  if (score_mod) {
+    f.softcap = 20.f, f.alibi_slopes = slopes, f.alibi_slopes_batch_stride = pr.nheads;
+    f.dropout_p = 0.3f, f.dropout_seed = dropout_seed;
+    f.attn_probs = attn_probs, f.attn_probs_rows = probs_rows, f.attn_probs_cols = probs_cols;
+  }
   if (varlen) {
     f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.out_batch_stride = 0;
     f.cu_seqlens_q = d_cu_q, f.cu_seqlens_k = d_cu_k, f.seqused_k = d_used_k;
@@ -141,6 +155,7 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   b.softmax_scale = f.softmax_scale, b.causal = pr.causal, b.deterministic = deterministic, b.dtype = key.dtype;
   b.window_left = pr.window_left, b.window_right = pr.window_right;
   b.softcap = f.softcap, b.alibi_slopes = f.alibi_slopes, b.alibi_slopes_batch_stride = f.alibi_slopes_batch_stride;
+  b.dropout_p = f.dropout_p, b.dropout_seed = f.dropout_seed;
   b.cu_seqlens_q = f.cu_seqlens_q, b.cu_seqlens_k = f.cu_seqlens_k, b.seqused_k = f.seqused_k;
   b.total_q = f.total_q, b.total_k = f.total_k;
   if (varlen) b.dout_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
@@ -151,6 +166,8 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   cudaFree(workspace);
   cudaFree(lse);
   cudaFree(slopes);
+  cudaFree(dropout_seed);
+  cudaFree(attn_probs);
   cudaFree(d_cu_q);
   cudaFree(d_cu_k);
   cudaFree(d_used_k);

@@ -167,6 +167,16 @@ struct BlockMask {
     }
   }
 
+  // True when query row `row` does not see key `col` (both in the sequence):
+  // apply()'s test, one score at a time (for the testing-only probabilities;
+  // apply() keeps its own copy, which the kernels were tuned with).
+  CUTE_HOST_DEVICE bool hides(int row, int col) const {
+    bool hidden = col >= seqlen_k;
+    if constexpr (kIsCausal) hidden = hidden || col > row + offset;
+    if constexpr (kIsLocal) hidden = hidden || col > row + offset + right || col < row + offset - left;
+    return hidden;
+  }
+
   // acc_s: this thread's S fragment; coords: the same partition of an
   // identity tensor, giving each element's (row, col) inside the tile.
   template <class Acc, class Coords>

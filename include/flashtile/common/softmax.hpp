@@ -72,16 +72,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // Divides out by the row sums; returns each row's natural-log logsumexp of
-  // the scaled scores (−inf for a row that saw no key, whose out stays 0;
-  // +inf for a row with a +inf score).
+  // Divides out by the row sums and multiplies it by out_scale (dropout's
+  // 1 / (1 − p)); returns each row's natural-log logsumexp of the scaled
+  // scores (−inf for a row that saw no key, whose out stays 0; +inf for a row
+  // with a +inf score).
   template <class Out>
-  CUTE_DEVICE auto finalize(Out& out, float softmax_scale) {
+  CUTE_DEVICE auto finalize(Out& out, float softmax_scale, float out_scale = 1.f) {
     Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> lse;  // (kRows)
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce(row_sum(r), SumOp{});
-      const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
+      const float inv_sum = sum == 0.f ? 0.f : out_scale / sum;
       // A +inf score makes the row's max +inf and its sum NaN (exp2(inf − inf)):
       // its logsumexp is +inf, as the reference's, not m + log(NaN).
       lse(r) = sum == 0.f              ? -INFINITY

@@ -18,6 +18,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k,
                                       kScoreMod ? alibi_slope(params, batch, head) : 0.f);
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
+  const Dropout<kScoreMod> dropout(params, batch);
   const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
 
   Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
@@ -179,6 +181,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, tdPsdO, in_buffer(tdPsV, buf), ldsm_sdp_a, ldsm_sdp_b);
     score_mod.apply_softcap(acc_s);
     if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block, n_block);
+    if constexpr (kScoreMod) {  // dP ∘ Z / (1 − p): the main kernel's dS (bwd_kernel.hpp)
+      if (dropout.enabled()) {
+        dropout.apply(acc_dp, dropout.keep_bits(tScS, m_block * kBlockM, n_block * kBlockN, head),
+                      dropout.keep_scale);
+      }
+    }
     recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse, smem_dsum, scale_log2, score_mod, m_block * kBlockM,
                        n_block * kBlockN, q_rows_valid);
     copy(copy_dS, thr_copy_dS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);

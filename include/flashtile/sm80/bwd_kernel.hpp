@@ -10,7 +10,9 @@
 //     with kSingleBufferDo, dO's one buffer is loaded after dV below)
 //     S = Q_i·Kᵀ, dP = dO_i·Vᵀ                 (registers)
 //     softcap and ALiBi (kScoreMod kernels, common/score_mod.hpp)
-//     P = exp2(S·c − LSE·log2 e) (0 where masked), dS = P ∘ (dP − D_i)
+//     P = exp2(S·c − LSE·log2 e) (0 where masked), dS = P ∘ (dP − D_i);
+//     with dropout's mask Z (common/dropout.hpp), dS = P ∘ (dP ∘ Z/(1−p) − D_i)
+//     and P ∘ Z/(1−p) for dV
 //     stage P and dS in shared memory (bf16/fp16)
 //     dQ_i += dS·K  → fp32 atomic adds into the workspace
 //                     (skipped in deterministic mode: bwd_dq_kernel.hpp)
@@ -28,6 +30,7 @@
 
 #include <type_traits>
 
+#include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
@@ -88,6 +91,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   };
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
+  const Dropout<kScoreMod> dropout(params, batch);
 
   // This CTA's K and V tiles and its dK, dV outputs.
   Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k),
@@ -270,8 +274,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   clear(acc_dv);
 
   // One query block: its five products, dQ's atomic adds; the mask when
-  // `masked` (a std::bool_constant).
-  auto process_query_block = [&](int it, auto masked) {
+  // `masked` (a std::bool_constant). Always inlined: in the causal and
+  // local scoremod kernels, with dropout, ptxas otherwise made it a call
+  // (3.9 KB of stack, the accumulators in local memory; d128).
+  auto process_query_block = [&](int it, auto masked) __attribute__((always_inline)) {
     const int buf = it & 1;
     const auto [head, m_block] = query_block_of(it);
     cp_async_wait<0>();
@@ -291,9 +297,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     score_mod.apply_softcap(acc_s);
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
+    // Dropout code only in the kScoreMod kernels (common/dropout.hpp says why).
+    [[maybe_unused]] KeepBits<decltype(tScS)> keep;
+    if constexpr (kScoreMod) {
+      if (dropout.enabled()) {
+        keep = dropout.keep_bits(tScS, m_block * kBlockM, n_block * kBlockN, head);
+        dropout.apply(acc_dp, keep, dropout.keep_scale);
+      }
+    }
     recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
                        scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN,
                        seqlen_q - m_block * kBlockM);
+    if constexpr (kScoreMod) {
+      if (dropout.enabled()) dropout.apply(acc_s, keep, dropout.keep_scale);
+    }
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
     __syncthreads();  // P and dS staged

@@ -105,8 +105,8 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
 // can_implement_bwd(params) passed. kScoreMod: the kernels that apply
-// softcap and ALiBi (common/score_mod.hpp); the others refuse params that
-// ask for either.
+// softcap, ALiBi and dropout (common/score_mod.hpp, common/dropout.hpp); the
+// others refuse params that ask for any of them.
 template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   using DqTraits = BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>;

@@ -9,8 +9,10 @@
 //     mask S if the tile straddles the diagonal, a window edge or seqlen_k
 //     wait V[n]; start loading K[n−1]
 //     online softmax: P = exp2(S·c − m·c), rescale O where m moved
+//     dropout (kScoreMod kernels, common/dropout.hpp): zero the dropped P
 //     O += P·V[n]                          (P used from registers)
-//   O /= rowsum; write O and the row logsumexp
+//   O /= rowsum (of the undropped P; times 1/(1 − p) with dropout); write O
+//   and the row logsumexp
 //
 // K and V have one buffer each; each one's load overlaps the other's product.
 // Walking the key blocks last-to-first puts the masked tiles first, where
@@ -21,6 +23,7 @@
 
 #include <type_traits>
 
+#include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
@@ -65,6 +68,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
   const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k,
                                       kScoreMod ? alibi_slope(params, batch, head) : 0.f);
+  const Dropout<kScoreMod> dropout(params, batch);
   const int rows_valid = seqlen_q - m_block * kBlockM;
 
   // Global tensors of this (batch, head), then this CTA's tiles.
@@ -196,6 +200,15 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     Tensor scores = rowcol_view(acc_s);  // (kRowsPerThread, block cols)
     softmax.update(scores, acc_o_rowcol);
     Tensor rP = convert_fragment<Element>(acc_s);
+    if constexpr (kScoreMod) {
+      if (dropout.enabled()) {
+        // After the row sums, which are of the undropped P; the kept ones'
+        // 1 / (1 − p) is applied once, to O, in finalize. On the 16-bit P:
+        // with the fp32 S dead the Philox rounds spill less (d128 scoremod:
+        // 296–344 B of stack with the mask applied to S).
+        dropout.zero_dropped(rP, dropout.keep_bits(tScS, m_block * kBlockM, n_block * kBlockN, head));
+      }
+    }
     Tensor tOrP = make_tensor(rP.data(), acc_to_operand_a_layout(rP.layout()));  // ((2,2,2), MMA_M, MMA_N/2)
     gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_V);
   };
@@ -226,8 +239,9 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     }
   }
 
-  // Epilogue: normalize, stage O through shared memory for 16-byte stores.
-  auto lse = softmax.finalize(acc_o_rowcol, score_mod.score_scale());  // (kRowsPerThread)
+  // Epilogue: normalize (dropout's 1 / (1 − p) joins the row sums'
+  // division), stage O through shared memory for 16-byte stores.
+  auto lse = softmax.finalize(acc_o_rowcol, score_mod.score_scale(), dropout.keep_scale);  // (kRowsPerThread)
   Tensor rO = convert_fragment<Element>(acc_o);                      // (MMA, MMA_M, MMA_D)
   auto smem_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
   auto smem_thr_copy_O = smem_copy_O.get_thread_slice(tid);

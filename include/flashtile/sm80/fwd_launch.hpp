@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/attn_probs_kernel.hpp"
 #include "flashtile/sm80/device.hpp"
 #include "flashtile/sm80/fwd_kernel.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
@@ -39,20 +40,30 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes
 // can_implement_fwd(params) passed. kScoreMod: the kernels that apply
-// softcap and ALiBi (params' choice, common/score_mod.hpp); the others
-// refuse params that ask for either.
+// softcap, ALiBi and dropout (params' choice, common/score_mod.hpp and
+// common/dropout.hpp) and write the testing-only attn_probs; the others
+// refuse params that ask for any of them.
 template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (!kScoreMod && uses_score_mod(params)) return Status::kInvalidArgument;
   FwdParams p = params;  // with causal folded into the window
+  Status status;
   switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
     case MaskKind::kNone:
-      return launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone, kScoreMod>(p, stream);
+      status = launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone, kScoreMod>(p, stream);
+      break;
     case MaskKind::kCausal:
-      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kCausal, kScoreMod>(p, stream);
+      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kCausal, kScoreMod>(p, stream);
+      break;
     default:  // windows: the causal tiles (short rows)
-      return launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kLocal, kScoreMod>(p, stream);
+      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kLocal, kScoreMod>(p, stream);
+      break;
   }
+  if constexpr (kScoreMod) {
+    // Testing only: the probabilities, from the forward's lse.
+    if (status == Status::kSuccess && p.attn_probs != nullptr) status = launch_attn_probs<Element>(p, stream);
+  }
+  return status;
 }
 
 }  // namespace flashtile::sm80
