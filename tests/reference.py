@@ -50,8 +50,60 @@ def alibi_bias(alibi_slopes, batch, nheads, seqlen_q, seqlen_k, device, dtype=to
     return -slopes[:, :, None, None] * distance
 
 
+_U32 = 0xFFFFFFFF
+
+
+def _mul_hi_lo(m: int, c: torch.Tensor):
+    """(high, low) 32-bit halves of m * c for a 32-bit constant m and int64
+    tensor c of 32-bit values, without int64 overflow (c split in 16-bit
+    halves)."""
+    c_lo, c_hi = c & 0xFFFF, c >> 16
+    t_lo, t_hi = m * c_lo, m * c_hi            # each < 2**48
+    mid = t_lo + ((t_hi & 0xFFFF) << 16)       # < 2**49
+    return ((t_hi >> 16) + (mid >> 32)) & _U32, mid & _U32
+
+
+def philox4x32_10(c0, c1, c2, c3, k0: int, k1: int):
+    """Philox4x32-10 (Salmon et al., SC'11) on int64 tensors holding 32-bit
+    counters, written from the paper for the tests (include/flashtile/common/
+    dropout.hpp is the kernels'); returns the four output words."""
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & _U32, (k1 + 0xBB67AE85) & _U32
+        hi0, lo0 = _mul_hi_lo(0xD2511F53, c0)
+        hi1, lo1 = _mul_hi_lo(0xCD9E8D57, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def dropout_keep_mask(seed: int, batch_index: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float,
+                      device, rows=None) -> torch.Tensor:
+    """flashtile's documented keep decisions (common/dropout.hpp) for one
+    sequence: (nheads, seqlen_q, seqlen_k) bool, True where score (i, j) of
+    head h is kept. Score (i, j) takes word 2 * (i % 16 >= 8) + j % 2 of
+    Philox(counter = (j - j % 2, i - 8 * (i % 16 >= 8), h, batch_index),
+    key = the seed's low and high 32 bits), kept iff that word is below
+    round((1 - p) * 2**32) with p rounded to float32. rows (a slice): only
+    those query rows, (nheads, len(rows), seqlen_k)."""
+    p32 = torch.tensor(dropout_p, dtype=torch.float32).item()
+    threshold = min(int((1.0 - p32) * 4294967296.0 + 0.5), _U32)
+    h = torch.arange(nheads, device=device, dtype=torch.int64).view(-1, 1, 1)
+    i = torch.arange(seqlen_q, device=device, dtype=torch.int64)[rows if rows is not None else slice(None)]
+    i = i.view(1, -1, 1)
+    j = torch.arange(seqlen_k, device=device, dtype=torch.int64).view(1, 1, -1)
+    upper = (i % 16 >= 8).to(torch.int64)
+    shape = (nheads, i.shape[1], seqlen_k)
+    c0 = (j - j % 2).expand(shape)
+    c1 = (i - 8 * upper).expand(shape)
+    c2 = h.expand(shape)
+    c3 = torch.full(shape, batch_index, device=device, dtype=torch.int64)
+    words = torch.stack(philox4x32_10(c0, c1, c2, c3, seed & _U32, (seed >> 32) & _U32))
+    word = words.gather(0, (2 * upper + j % 2).expand(shape).unsqueeze(0)).squeeze(0)
+    return word < threshold
+
+
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1), softcap=0.0,
-                  alibi_slopes=None):
+                  alibi_slopes=None, dropout_p=0.0, dropout_keep=None):
     """softmax(q k^T * scale) v over (batch, seqlen, nheads, headdim) tensors.
 
     k and v may have fewer heads than q (GQA/MQA): kv head j serves query heads
@@ -70,7 +122,9 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     float64) and the sum rounded to the compute dtype, so in low precision
     the biased scores get one rounding, as the unbiased ones do, rather
     than the bias a rounding of its own (flash_attn's test adds its float32
-    bias the same way).
+    bias the same way). dropout_keep (bool, (batch, nheads, seqlen_q,
+    seqlen_k)) with dropout_p: the probabilities are multiplied by
+    keep / (1 - dropout_p) before the product with v; lse is unchanged.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -113,12 +167,14 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     row_sum = p.sum(dim=-1, keepdim=True)
     lse = (row_max + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf for empty rows
     p = p / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
+    if dropout_keep is not None:
+        p = p.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", p, v)
     return out, lse
 
 
 def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1),
-                           softcap=0.0, alibi_slopes=None):
+                           softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_keep=None):
     """out and (dq, dk, dv) of :func:`attention_ref` for the cotangent ``dout``.
 
     Autograd runs on detached leaf copies, so the caller's tensors (views,
@@ -138,7 +194,7 @@ def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upca
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
         out, _lse = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale,
                                   upcast=upcast, window_size=window_size, softcap=softcap,
-                                  alibi_slopes=alibi_slopes)
+                                  alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_keep=dropout_keep)
         grads = torch.autograd.grad(out, leaves, dout.detach().to(out.dtype))
     return out.detach(), tuple(grads)
 

@@ -365,7 +365,7 @@ def test_opcheck_bwd(deterministic):
     """flashtile::bwd's schema and fake (GQA: dk, dv with nheads_k heads), on a strided dout."""
     head_dim, dtype = default_config()
     q, k, v = rand_qkv(2, 65, 130, 8, 2, head_dim, dtype, requires_grad=False)
-    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.1, True, deterministic)
+    out, lse, _ = torch.ops.flashtile.fwd(q, k, v, 0.1, True, deterministic)
     dout = torch.randn(2, 8, 65, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
     dq, dk, dv = torch.ops.flashtile.bwd(dout, q, k, v, out, lse, 0.1, True, deterministic)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -434,7 +434,7 @@ def test_deterministic_through_every_api(api):
     dout = torch.randn(2, 193, 4, head_dim, device="cuda", dtype=dtype)
     q, k, v = qkv.detach().unbind(2)
     scale = head_dim ** -0.5
-    out, lse = torch.ops.flashtile.fwd(q, k, v, scale, True, True)
+    out, lse, _ = torch.ops.flashtile.fwd(q, k, v, scale, True, True)
     want = torch.stack(torch.ops.flashtile.bwd(dout, q, k, v, out, lse, scale, True, True), dim=2)
 
     if api == "func":

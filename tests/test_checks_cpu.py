@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import flashtile
 from flashtile import _C, _checks, _ops
 from flashtile._checks import KernelNotBuiltError
-from reference import assert_close_fa_rule, attention_ref, causal_mask
+from reference import assert_close_fa_rule, attention_ref, causal_mask, dropout_keep_mask, philox4x32_10
 
 FWD_BUILT = _checks.fwd_combos(_C.built_kernels())
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -122,6 +122,8 @@ def test_variant_for():
     assert _checks.variant_for(0, None) == "plain"
     assert _checks.variant_for(2.5, None) == "scoremod"
     assert _checks.variant_for(0.0, torch.ones(4)) == "scoremod"
+    assert _checks.variant_for(0.0, None, 0.1) == "scoremod"
+    assert _checks.variant_for(0.0, None, 0.0) == "plain"
 
 
 # --------------------------------------------------------------------------
@@ -132,8 +134,9 @@ def test_variant_for():
 @pytest.mark.parametrize(
     "kwargs, exc, fragments",
     [
-        ({"dropout_p": 0.1}, NotImplementedError, ["dropout_p", "not implemented"]),
         ({"dropout_p": -0.1}, ValueError, ["dropout_p", "[0, 1)", "-0.1"]),
+        ({"dropout_p": 1.0 - 2.0 ** -30}, ValueError, ["dropout_p", "[0, 1) as a float32"]),
+        ({"dropout_p": float("nan")}, ValueError, ["dropout_p", "[0, 1)"]),
         ({"dropout_p": 1.0}, ValueError, ["dropout_p", "[0, 1)"]),
         ({"dropout_p": "0.1"}, TypeError, ["dropout_p", "str"]),
         ({"window_size": (-2, -1)}, ValueError, ["window_size", ">= -1"]),
@@ -169,7 +172,7 @@ def test_options_rejected(kwargs, exc, fragments):
 @pytest.mark.parametrize("func", ["qkvpacked", "kvpacked"])
 def test_options_rejected_by_packed_functions(func):
     q, k, v = make_qkv(seqlen_k=5, nheads_k=4)
-    for kwargs, exc in (({"dropout_p": 0.5}, NotImplementedError),
+    for kwargs, exc in (({"dropout_p": -0.5}, ValueError),
                         ({"window_size": (2, -3)}, ValueError),
                         ({"softcap": -5.0}, ValueError),
                         ({"alibi_slopes": torch.ones(4, dtype=torch.int32)}, ValueError),
@@ -188,7 +191,8 @@ def test_options_rejected_by_packed_functions(func):
           "softcap": 0.0, "alibi_slopes": None, "deterministic": True, "return_attn_probs": True},
      {"softmax_scale": 1, "causal": 1, "dropout_p": 0},
      {"window_size": (4, 0)}, {"window_size": [8, 8], "causal": True}, {"window_size": (-1, 0)},
-     {"softcap": 30.0}, {"alibi_slopes": torch.ones(4)}, {"alibi_slopes": torch.ones(2, 4), "softcap": 1}],
+     {"softcap": 30.0}, {"alibi_slopes": torch.ones(4)}, {"alibi_slopes": torch.ones(2, 4), "softcap": 1},
+     {"dropout_p": 0.1}, {"dropout_p": 0.5, "return_attn_probs": True, "causal": True}],
 )
 def test_neutral_options_pass_to_device_check(kwargs):
     """Neutral values of every option, windows, softcap and ALiBi slopes are
@@ -200,8 +204,8 @@ def test_neutral_options_pass_to_device_check(kwargs):
 
 
 def test_options_are_checked_before_tensors():
-    with raises(NotImplementedError, "dropout_p"):
-        flashtile.flash_attn_func([1], [2], [3], dropout_p=0.5)
+    with raises(ValueError, "dropout_p"):
+        flashtile.flash_attn_func([1], [2], [3], dropout_p=1.5)
 
 
 # --------------------------------------------------------------------------
@@ -526,13 +530,14 @@ def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, wind
     extra = () if window is None else window
     with FakeTensorMode():
         q, k, v = make_qkv(2, 9, 11, nheads=4, nheads_k=2, device="cuda")
-        out, lse = torch.ops.flashtile.fwd(q, k, v, 0.5, True, deterministic, *extra)
+        out, lse, attn_probs = torch.ops.flashtile.fwd(q, k, v, 0.5, True, deterministic, *extra)
+        assert attn_probs.numel() == 0  # not asked for
         ctx = Ctx()
-        _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic, *extra), (out, lse))
-        grads = _ops._fwd_backward(ctx, torch.ones_like(out), None)
+        _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic, *extra), (out, lse, attn_probs))
+        grads = _ops._fwd_backward(ctx, torch.ones_like(out), None, None)
     # The options after the window keep their defaults: softcap 0, no ALiBi
-    # slopes, no varlen offsets.
-    assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None, None, None, None, 0, 0)]
+    # slopes, no varlen offsets, no dropout.
+    assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None, None, None, None, 0, 0, 0.0, None)]
     assert len(grads) >= 8 and all(g is None for g in grads[3:])
     assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
 
@@ -547,13 +552,41 @@ def test_custom_ops_default_to_the_atomic_backward_without_a_window():
         assert all(a.has_default_value() for a in after_causal), op._schema
         defaults = {a.name: a.default_value for a in after_causal}
         expected = {"deterministic": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
-                    "alibi_slopes": None}
+                    "alibi_slopes": None, "dropout_p": 0.0, "dropout_seed": None}
         assert {n: defaults[n] for n in expected} == expected, op._schema
 
 
 # --------------------------------------------------------------------------
 # the reference itself
 # --------------------------------------------------------------------------
+
+
+def test_reference_philox_gives_the_random123_known_answers():
+    """The tests' Philox (reference.py) against the Random123 vectors, as
+    host_checks does for the kernels' (common/dropout.hpp)."""
+    def words(counter, key):
+        return [int(w) for w in philox4x32_10(*(torch.tensor([c]) for c in counter), *key)]
+    assert words([0, 0, 0, 0], [0, 0]) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert words([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    assert words([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0]) == [
+        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+def test_reference_dropout_mask_keeps_about_one_minus_p():
+    keep = dropout_keep_mask(-(2**62) + 12345, 3, 2, 300, 200, 0.3, "cpu")
+    assert keep.shape == (2, 300, 200)
+    assert abs(keep.float().mean().item() - 0.7) < 6 * (0.21 / keep.numel()) ** 0.5
+    assert not torch.equal(keep, dropout_keep_mask(12345, 3, 2, 300, 200, 0.3, "cpu"))
+
+
+def test_dropout_attn_probs_shape_under_fake_tensors():
+    """With dropout, return_attn_probs gives flash_attn's (batch, nheads,
+    seqlen_q rounded up to 128, seqlen_k rounded up to 128) in q's dtype."""
+    with FakeTensorMode():
+        q, k, v = make_qkv(2, 9, 130, nheads=4, nheads_k=2, device="cuda")
+        out, lse, attn_probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.1, return_attn_probs=True)
+        assert attn_probs.shape == (2, 4, 128, 256) and attn_probs.dtype == q.dtype
+        assert flashtile.flash_attn_func(q, k, v, dropout_p=0.0, return_attn_probs=True)[2] is None
 
 
 def sdpa64(q, k, v, scale, **kwargs):

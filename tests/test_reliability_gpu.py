@@ -64,6 +64,10 @@ def call_bwd(a, softmax_scale=0.125, causal=True, deterministic=False):
            a["workspace"], softmax_scale, causal, deterministic, stream, **a.get("options", {}))
 
 
+def _seed():
+    return torch.zeros(1, dtype=torch.int64, device="cuda")
+
+
 def other_half(t):
     return torch.float16 if t.dtype == torch.bfloat16 else torch.bfloat16
 
@@ -105,6 +109,22 @@ FWD_REFUSALS = [
      ["alibi_slopes must be float32"]),
     ("alibi_slopes of 3 heads", lambda a: a.update(options=dict(alibi_slopes=torch.ones(3, device="cuda"))),
      ["alibi_slopes must have shape (nheads,) or (batch, nheads)"]),
+    ("dropout_p of 1", lambda a: a.update(options=dict(dropout_p=1.0, dropout_seed=_seed())),
+     ["dropout_p must be in [0, 1)"]),
+    ("dropout without a seed", lambda a: a.update(options=dict(dropout_p=0.1)),
+     ["dropout_seed is required when dropout_p > 0"]),
+    ("dropout_seed int32", lambda a: a.update(options=dict(dropout_p=0.1, dropout_seed=_seed().int())),
+     ["dropout_seed must be an int64 array of shape (1,)"]),
+    ("attn_probs too few rows", lambda a: a.update(options=dict(
+        dropout_p=0.1, dropout_seed=_seed(), attn_probs=poisoned(2, 4, 32, 128, dtype=a["q"].dtype)))),
+     ["attn_probs must have shape"]),
+    ("attn_probs float32", lambda a: a.update(options=dict(
+        dropout_p=0.1, dropout_seed=_seed(), attn_probs=poisoned(2, 4, 128, 128, dtype=torch.float32)))),
+     ["attn_probs must be float16 or bfloat16"]),
+    ("attn_probs not contiguous", lambda a: a.update(options=dict(
+        dropout_p=0.1, dropout_seed=_seed(),
+        attn_probs=poisoned(2, 4, 128, 128, dtype=a["q"].dtype).transpose(2, 3)))),
+     ["attn_probs must be contiguous"]),
 ]
 
 BWD_REFUSALS = [
@@ -125,6 +145,10 @@ BWD_REFUSALS = [
     ("softcap NaN", lambda a: a.update(options=dict(softcap=float("nan"))), ["softcap must be a finite number >= 0"]),
     ("alibi_slopes of another batch", lambda a: a.update(options=dict(alibi_slopes=torch.ones(3, 4, device="cuda"))),
      ["alibi_slopes must have shape (nheads,) or (batch, nheads)"]),
+    ("dropout without a seed", lambda a: a.update(options=dict(dropout_p=0.1)),
+     ["dropout_seed is required when dropout_p > 0"]),
+    ("dropout_seed of 2 entries", lambda a: a.update(options=dict(dropout_p=0.1, dropout_seed=_seed().repeat(2))),
+     ["dropout_seed must be an int64 array of shape (1,)"]),
 ]
 
 

@@ -167,11 +167,47 @@ void set_score_mod(Params& p, float softcap, const std::optional<CudaArray>& ali
   p.alibi_slopes_head_stride = a.stride(a.ndim() - 1);
 }
 
+// dropout_p in [0, 1) and, when above 0, its seed: one int64 on `device`
+// (FwdParams::dropout_seed), into FwdParams or BwdParams.
+template <class Params>
+void set_dropout(Params& p, float dropout_p, const std::optional<CudaArray>& dropout_seed, int device) {
+  require(dropout_p >= 0.f && dropout_p < 1.f, "dropout_p must be in [0, 1)");
+  p.dropout_p = dropout_p;
+  if (dropout_p == 0.f) return;
+  require(dropout_seed.has_value(), "dropout_seed is required when dropout_p > 0");
+  const CudaArray& seed = *dropout_seed;
+  require(is_dtype(seed, nb::dlpack::dtype_code::Int, 64) && seed.ndim() == 1 && seed.shape(0) == 1,
+          "dropout_seed must be an int64 array of shape (1,)");
+  require(seed.device_id() == device, "dropout_seed must be on q's CUDA device");
+  p.dropout_seed = static_cast<const int64_t*>(seed.data());
+}
+
+// The testing-only probabilities: q's dtype, contiguous (batch, nheads,
+// rows, cols) with rows >= seqlen_q and cols >= seqlen_k (the maxima when
+// varlen). Call after set_varlen.
+void set_attn_probs(flashtile::FwdParams& p, const std::optional<CudaArray>& attn_probs, int device) {
+  if (!attn_probs) return;
+  const CudaArray& a = *attn_probs;
+  require(element_dtype(a, "attn_probs") == p.dtype, "attn_probs must have q's dtype");
+  require(a.device_id() == device, "attn_probs must be on q's CUDA device");
+  require(a.ndim() == 4 && int64_t(a.shape(0)) == p.batch && int64_t(a.shape(1)) == p.nheads &&
+              int64_t(a.shape(2)) >= p.seqlen_q && int64_t(a.shape(3)) >= p.seqlen_k,
+          "attn_probs must have shape (batch, nheads, rows >= seqlen_q, cols >= seqlen_k)");
+  require(a.stride(3) == 1 && a.stride(2) == int64_t(a.shape(3)) && a.stride(1) == int64_t(a.shape(2) * a.shape(3)) &&
+              a.stride(0) == int64_t(a.shape(1) * a.shape(2) * a.shape(3)),
+          "attn_probs must be contiguous");
+  require(a.shape(2) <= 16 * 65535 && a.shape(3) <= (int64_t(1) << 30), "attn_probs is too large");
+  p.attn_probs = a.data();
+  p.attn_probs_rows = int(a.shape(2));
+  p.attn_probs_cols = int(a.shape(3));
+}
+
 void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaArray& out,
          const CudaArray& lse, float softmax_scale, bool causal, uintptr_t stream, int window_left,
          int window_right, float softcap, const std::optional<CudaArray>& alibi_slopes,
          const std::optional<CudaArray>& cu_seqlens_q, const std::optional<CudaArray>& cu_seqlens_k,
-         const std::optional<CudaArray>& seqused_k, int max_seqlen_q, int max_seqlen_k) {
+         const std::optional<CudaArray>& seqused_k, int max_seqlen_q, int max_seqlen_k, float dropout_p,
+         const std::optional<CudaArray>& dropout_seed, const std::optional<CudaArray>& attn_probs) {
   const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
   const flashtile::DType dtype = element_dtype(q, "q");
   require(element_dtype(k, "k") == dtype && element_dtype(v, "v") == dtype &&
@@ -214,6 +250,8 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
   p.dtype = dtype;
   set_varlen(p, varlen, device);
   set_score_mod(p, softcap, alibi_slopes, device);
+  set_dropout(p, dropout_p, dropout_seed, device);
+  set_attn_probs(p, attn_probs, device);
 
   raise_for_status(flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream)), "fwd", p.head_dim,
                    dtype, flashtile::variant_for(p));
@@ -238,7 +276,7 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
          bool deterministic, uintptr_t stream, int window_left, int window_right, float softcap,
          const std::optional<CudaArray>& alibi_slopes, const std::optional<CudaArray>& cu_seqlens_q,
          const std::optional<CudaArray>& cu_seqlens_k, const std::optional<CudaArray>& seqused_k,
-         int max_seqlen_q, int max_seqlen_k) {
+         int max_seqlen_q, int max_seqlen_k, float dropout_p, const std::optional<CudaArray>& dropout_seed) {
   const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
   const flashtile::DType dtype = element_dtype(q, "q");
   const std::pair<const CudaArray*, const char*> same_dtype[] = {
@@ -294,6 +332,7 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   p.window_right = window_right;
   p.dtype = dtype;
   set_score_mod(p, softcap, alibi_slopes, device);
+  set_dropout(p, dropout_p, dropout_seed, device);
   raise_for_status(flashtile::bwd(p, reinterpret_cast<cudaStream_t>(stream)), "bwd", p.head_dim,
                    dtype, flashtile::variant_for(p));
 }
@@ -316,23 +355,30 @@ NB_MODULE(_C, m) {
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
         nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        nb::arg("dropout_p") = 0.f, nb::arg("dropout_seed").none() = nb::none(),
+        nb::arg("attn_probs").none() = nb::none(),
         "Attention forward into caller-allocated out (batch, seqlen_q, nheads, head_dim) and "
         "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device. "
-        "window_left/right: a sliding window (FwdParams), -1 for unbounded. softcap > 0 and "
-        "alibi_slopes (fp32, (nheads,) or (batch, nheads)) run the scoremod kernels. With "
+        "window_left/right: a sliding window (FwdParams), -1 for unbounded. softcap > 0, "
+        "alibi_slopes (fp32, (nheads,) or (batch, nheads)) and dropout_p > 0 (with dropout_seed, "
+        "int64 (1,), the Philox key) run the scoremod kernels. With "
         "cu_seqlens_q/k (int32, batch + 1): a variable-length batch, q/k/v/out (total, nheads, "
         "head_dim), lse (nheads, total_q), max_seqlen_q/k the longest sequences, seqused_k (int32, "
-        "batch) the keys each sequence uses.");
+        "batch) the keys each sequence uses. attn_probs (testing only; q's dtype, contiguous "
+        "(batch, nheads, rows >= seqlen_q, cols >= seqlen_k)) also receives the probabilities, "
+        "dropped ones negated.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"), nb::arg("stream"),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.f,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("cu_seqlens_q").none() = nb::none(),
         nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("seqused_k").none() = nb::none(),
-        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0, nb::arg("dropout_p") = 0.f,
+        nb::arg("dropout_seed").none() = nb::none(),
         "Attention backward into caller-allocated dq (q's shape), dk and dv (k's shape), "
         "using a device workspace of bwd_workspace_bytes(...) bytes. deterministic: sum dq in "
-        "a fixed order (bitwise reproducible) instead of with atomic adds.");
+        "a fixed order (bitwise reproducible) instead of with atomic adds. dropout_p and "
+        "dropout_seed must be the forward's.");
   m.def("bwd_workspace_bytes", &bwd_workspace_bytes, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("nheads"), nb::arg("head_dim"), nb::arg("deterministic"), nb::arg("varlen_total_q") = -1,
         "Bytes of device workspace the backward needs (fp32 dQ accumulator unless "

@@ -11,12 +11,12 @@ Exception types
 * ``ValueError``          -- a tensor or number has the wrong properties
                              (rank, dtype, shape, strides, device, range).
 * ``NotImplementedError`` -- a valid request for a feature flashtile does not
-                             have yet (dropout).
+                             have (paged KV: ``block_table``).
 * ``KernelNotBuiltError`` -- (a ``RuntimeError``) the request is supported by
                              flashtile, but this build was compiled without
-                             the forward kernel that serves it (softcap and
-                             ALiBi run kernels of their own, the "scoremod"
-                             variant). (A missing
+                             the forward kernel that serves it (softcap,
+                             ALiBi and dropout run kernels of their own, the
+                             "scoremod" variant). (A missing
                              backward kernel is reported by the extension at
                              backward time, as a plain ``RuntimeError`` naming
                              the head dim and dtype.)
@@ -26,8 +26,7 @@ expected and what was received, e.g. ``q must be on a CUDA device, got cpu``.
 
 Order of the checks
 -------------------
-1. options: types and ranges of the scalar arguments, then the features that
-   are not implemented yet;
+1. options: types and ranges of the scalar arguments;
 2. tensors: Python type, rank, dtype, shapes against each other, head dim
    (supported, then built), memory layout (contiguous last dim, strides
    aligned);
@@ -53,6 +52,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 
 import torch
 
@@ -121,6 +121,11 @@ def _fmt_stride(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.stride()) + ")"
 
 
+def _as_float32(x: float) -> float:
+    """x rounded to the nearest float32, as the kernels receive it."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -152,9 +157,9 @@ def fwd_combos(built_kernels, variant: str = "plain") -> tuple[tuple[int, str], 
     return kernel_combos(built_kernels, "fwd", variant)
 
 
-def variant_for(softcap, alibi_slopes) -> str:
-    """The kernel variant a call needs: "scoremod" with softcap or ALiBi."""
-    return "scoremod" if softcap != 0.0 or alibi_slopes is not None else "plain"
+def variant_for(softcap, alibi_slopes, dropout_p=0.0) -> str:
+    """The kernel variant a call needs: "scoremod" with softcap, ALiBi or dropout."""
+    return "scoremod" if softcap != 0.0 or alibi_slopes is not None or dropout_p != 0.0 else "plain"
 
 
 # --------------------------------------------------------------------------
@@ -187,16 +192,13 @@ def check_options(
     softcap=0.0,
     alibi_slopes=None,
 ) -> None:
-    """Validate the non-tensor arguments, then refuse features not built yet.
-
-    Types and ranges come first, so a malformed value is reported as such even
-    when it also asks for an unimplemented feature.
-    """
+    """Validate the non-tensor arguments: their types, then their ranges."""
     # -- types and ranges ------------------------------------------------
     if not _is_real(dropout_p):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not (0.0 <= dropout_p < 1.0):
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not (0.0 <= dropout_p < 1.0) or _as_float32(dropout_p) >= 1.0:
+        # The kernels take it as a float32, where 1 - 2**-30 is already 1.
+        raise ValueError(f"dropout_p must be in [0, 1) as a float32, got {dropout_p}")
     check_softmax_scale(softmax_scale)
     if isinstance(causal, torch.Tensor) or not isinstance(causal, (bool, numbers.Integral)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -224,13 +226,6 @@ def check_options(
     if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError(
             f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}"
-        )
-
-    # -- features that are not implemented yet ----------------------------
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            "dropout_p: dropout is not implemented in flashtile yet "
-            f"(got dropout_p={dropout_p}); pass 0.0"
         )
 
 

@@ -3,12 +3,17 @@
 ``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic=False,
 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
 cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0,
-max_seqlen_k=0) -> (out, lse)`` allocates its outputs, handles the empty cases without touching the
-extension, and otherwise launches ``_C.fwd`` on the inputs' device and torch's
-current stream there.
+max_seqlen_k=0, dropout_p=0.0, dropout_seed=None, return_attn_probs=False)
+-> (out, lse, attn_probs)`` allocates its outputs, handles the empty cases
+without touching the extension, and otherwise launches ``_C.fwd`` on the
+inputs' device and torch's current stream there. ``dropout_seed`` is the
+int64 (1,) device tensor whose bits key the kernels' Philox generator (drawn
+by the caller from torch's CUDA generator); ``attn_probs`` is the
+testing-only probabilities tensor when ``return_attn_probs``, else empty.
 Its fake (meta) implementation gives torch.compile the output shapes; its
-autograd registration saves only q, k, v, out and the row logsumexp and runs
-``flashtile::bwd`` (also a custom op with a fake) for the gradients.
+autograd registration saves only q, k, v, out, the row logsumexp and the
+dropout seed and runs ``flashtile::bwd`` (also a custom op with a fake) for
+the gradients.
 ``deterministic`` does not change the forward; it is an argument of the
 forward op so that its autograd context can pass it to the backward.
 
@@ -67,6 +72,25 @@ def _empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
 
 
+def _round_128(n: int) -> int:
+    return (n + 127) // 128 * 128
+
+
+def _empty_attn_probs(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int,
+                      return_attn_probs: bool) -> torch.Tensor:
+    """flash_attn's shape for the probabilities: (batch, nheads, seqlen_q
+    rounded up to 128, seqlen_k rounded up to 128), the longest sequences'
+    when varlen; an empty tensor when not asked for."""
+    if not return_attn_probs:
+        return q.new_empty((0,))
+    if cu_seqlens_q is None:
+        batch, seqlen_q, nheads, _ = q.shape
+        seqlen_k = k.shape[1]
+    else:
+        batch, nheads, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, max_seqlen_k
+    return q.new_empty((batch, nheads, _round_128(seqlen_q), _round_128(seqlen_k)))
+
+
 def _no_keys(k: torch.Tensor, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int) -> bool:
     """No query row sees a key: no keys at all, or (varlen) no sequence with any."""
     if cu_seqlens_q is None:
@@ -97,14 +121,18 @@ def fwd(
     seqused_k: Optional[torch.Tensor] = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[torch.Tensor] = None,
+    return_attn_probs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
+    attn_probs = _empty_attn_probs(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, return_attn_probs)
     if _no_queries(q, cu_seqlens_q, max_seqlen_q):  # batch, seqlen_q or nheads is 0: nothing to compute
-        return out, lse
+        return out, lse, attn_probs.zero_()
     if _no_keys(k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):  # every row attends to nothing
         out.zero_()
         lse.fill_(float("-inf"))
-        return out, lse
+        return out, lse, attn_probs.zero_()
 
     _check_device_capability(q.device)
     check_pointer_alignment((q, k, v), ("q", "k", "v"))
@@ -112,15 +140,17 @@ def fwd(
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
                int(window_right), float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-               int(max_seqlen_q), int(max_seqlen_k))
-    return out, lse
+               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed,
+               attn_probs if return_attn_probs else None)
+    return out, lse, attn_probs
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
               softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-              max_seqlen_q=0, max_seqlen_k=0):
-    return _empty_outputs(q)
+              max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None, return_attn_probs=False):
+    return (*_empty_outputs(q),
+            _empty_attn_probs(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, return_attn_probs))
 
 
 def _vector_friendly(t: torch.Tensor) -> bool:
@@ -153,6 +183,8 @@ def bwd(
     seqused_k: Optional[torch.Tensor] = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of flashtile::fwd: (dq, dk, dv), contiguous, in q's dtype; with
     GQA each of dk and dv sums over the query heads of its group. With
@@ -177,7 +209,8 @@ def bwd(
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
                bool(deterministic), stream, int(window_left), int(window_right), float(softcap),
-               alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
+               alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
+               float(dropout_p), dropout_seed)
     return dq, dk, dv
 
 
@@ -188,7 +221,7 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, window_left=-1,
               window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              seqused_k=None, max_seqlen_q=0, max_seqlen_k=0):
+              seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None):
     return _empty_grads(q, k, v)
 
 
@@ -196,15 +229,17 @@ def _fwd_setup_context(ctx, inputs, output):
     # Older torch (2.11) hands over only the arguments the caller passed, so
     # the trailing defaulted ones (deterministic, window_left, window_right)
     # may be missing; newer torch (2.13) fills them in.
-    defaults = (False, -1, -1, 0.0, None, None, None, None, 0, 0)
+    defaults = (False, -1, -1, 0.0, None, None, None, None, 0, 0, 0.0, None, False)
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes,
-     cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k) = (*inputs, *defaults[len(inputs) - 5:])
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    # Only these: the backward recomputes P from q, k and the row logsumexp
-    # (the ALiBi slopes and the varlen offsets are inputs, not results, and
-    # get no gradient).
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
+     cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed,
+     _) = (*inputs, *defaults[len(inputs) - 5:])
+    out, lse, attn_probs = output
+    ctx.mark_non_differentiable(lse, attn_probs)
+    # Only these: the backward recomputes P from q, k and the row logsumexp,
+    # and dropout's mask from the seed (the ALiBi slopes and the varlen
+    # offsets are inputs, not results, and get no gradient).
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed)
+    ctx.dropout_p = dropout_p
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
@@ -213,14 +248,14 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.softcap = softcap
 
 
-def _fwd_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+def _fwd_backward(ctx, grad_out, grad_lse, grad_attn_probs):
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed = ctx.saved_tensors
     dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
                      ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                     seqused_k, *ctx.max_seqlens)
-    # No gradient for the options, alibi_slopes (as flash_attn) or the
-    # offsets; extra Nones past the passed inputs are allowed.
-    return (dq, dk, dv) + (None,) * 12
+                     seqused_k, *ctx.max_seqlens, ctx.dropout_p, dropout_seed)
+    # No gradient for the options, alibi_slopes (as flash_attn), the offsets
+    # or the seed; extra Nones past the passed inputs are allowed.
+    return (dq, dk, dv) + (None,) * 15
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -40,8 +40,21 @@ synchronize): the kernels clamp them into the tensors. ``seqused_k``
 attend only to its first seqused_k[b] keys (the others get zero dk, dv).
 Paged KV (``block_table``) is not implemented (NotImplementedError).
 
-Dropout is not implemented yet: dropout_p must be 0.0 (NotImplementedError
-otherwise). The functions are differentiable (torch.library autograd). By
+``dropout_p > 0`` drops each attention probability with that probability
+and scales the kept ones by 1 / (1 - dropout_p), as flash_attn; it runs the
+"scoremod" kernels. The keep/drop decisions come from a counter-based Philox
+generator inside the kernels, keyed by a seed (63 random bits) that each call draws
+from torch's CUDA generator on q's device (one small torch.randint on the
+device, no host sync): torch.manual_seed reproduces a call, a captured CUDA
+graph draws a new seed on each replay, and the backward regenerates the same
+mask from the saved seed. With dropout, ``return_attn_probs=True`` also
+returns the testing-only probabilities (batch, nheads, seqlen_q rounded up to
+128, seqlen_k rounded up to 128) in q's dtype: exp(score - lse) where the
+kernels kept it, its negation where they dropped it (the sign bit set even
+where it is 0), 0 outside the sequence; they come from a separate, slow
+kernel. Without dropout that slot is None, as in flash_attn.
+
+The functions are differentiable (torch.library autograd). By
 default the backward accumulates dq with fp32 atomic adds, whose order varies
 from run to run in the last bits; ``deterministic=True`` sums dq in a fixed
 order instead (bitwise-reproducible gradients, a slower backward).
@@ -67,14 +80,23 @@ __all__ = [
 _FWD_BUILT = {variant: _checks.fwd_combos(BUILT_KERNELS, variant) for variant in ("plain", "scoremod")}
 
 
-def _attention(q, k, v, names, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-               deterministic):
+def _dropout_seed(device: torch.device) -> torch.Tensor:
+    """The kernels' Philox key for one call: one int64 in [0, 2**63 - 1)
+    drawn from torch's CUDA generator on `device`, on the device (no host
+    sync, and CUDA-graph safe: a replay draws anew). 63 random bits: the
+    full int64 range would overflow the high - low of torch.compile's
+    randint lowering."""
+    return torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, device=device)
+
+
+def _attention(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+               return_attn_probs, deterministic):
     """Check the tensors (options are already checked) and run the op. A head
     dim without a kernel of its own runs on the next larger kernel with q, k
     and v zero-padded (zeros add nothing to q·k, and v's padding only fills
     out's columns that are cut off again); autograd carries the gradients
     back through the padding."""
-    variant = _checks.variant_for(softcap, alibi_slopes)
+    variant = _checks.variant_for(softcap, alibi_slopes, dropout_p)
     _checks.check_fwd_tensors(q, k, v, _FWD_BUILT[variant], names=names, alibi_slopes=alibi_slopes,
                               variant=variant)
     head_dim = q.shape[-1]
@@ -86,14 +108,16 @@ def _attention(q, k, v, names, softmax_scale, causal, window_size, softcap, alib
         # last); the kernels need the last dim contiguous.
         q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
     window_left, window_right = _checks.kernel_window(window_size, bool(causal), k.shape[1])
-    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
-                       window_right, float(softcap), alibi_slopes)
+    seed = _dropout_seed(q.device) if dropout_p > 0 else None
+    # flash_attn returns the probabilities only with dropout (None otherwise).
+    with_probs = bool(return_attn_probs) and dropout_p > 0
+    out, lse, attn_probs = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
+                                   window_right, float(softcap), alibi_slopes, None, None, None, 0, 0,
+                                   float(dropout_p), seed, with_probs)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
-        # flash_attn returns the attention probabilities only when dropout is
-        # on; dropout is not implemented, so that slot is always None.
-        return out, lse, None
+        return out, lse, attn_probs if with_probs else None
     return out
 
 
@@ -116,7 +140,8 @@ def flash_attn_func(
         q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
         k: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
         v: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
-        dropout_p: must be 0.0 (dropout is not implemented yet).
+        dropout_p: probability in [0, 1) of dropping each attention probability
+            (see the module docstring); 0.0 is off.
         softmax_scale: scale of QK^T before the softmax; default headdim ** -0.5.
         causal: bottom-right aligned causal mask.
         window_size: (left, right) sliding window, -1 for an unbounded side
@@ -126,17 +151,21 @@ def flash_attn_func(
             score (i, j) -= slope * |i + seqlen_k - seqlen_q - j| (no gradient).
         deterministic: sum dq in a fixed order in the backward (no atomic adds), so
             that two runs give bitwise-identical gradients; the backward is slower.
-        return_attn_probs: also return the logsumexp and None (see Returns).
+        return_attn_probs: also return the logsumexp and, with dropout, the
+            testing-only probabilities (see Returns).
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) in q's dtype; with
-        return_attn_probs, the tuple (out, softmax_lse, None) where softmax_lse
-        is (batch, nheads, seqlen_q) float32, the logsumexp of each row of
-        scaled scores.
+        return_attn_probs, the tuple (out, softmax_lse, S_dmask) where
+        softmax_lse is (batch, nheads, seqlen_q) float32, the logsumexp of each
+        row of scaled scores (undropped), and S_dmask is None without dropout,
+        else the probabilities (batch, nheads, seqlen_q rounded up to 128,
+        seqlen_k rounded up to 128) with dropped entries negated (module
+        docstring).
     """
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, window_size,
+    return _attention(q, k, v, ("q", "k", "v"), dropout_p, softmax_scale, causal, window_size,
                       softcap, alibi_slopes, return_attn_probs, deterministic)
 
 
@@ -160,7 +189,7 @@ def flash_attn_qkvpacked_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=2)
-    return _attention(q, k, v, ("qkv", "qkv", "qkv"), softmax_scale, causal, window_size,
+    return _attention(q, k, v, ("qkv", "qkv", "qkv"), dropout_p, softmax_scale, causal, window_size,
                       softcap, alibi_slopes, return_attn_probs, deterministic)
 
 
@@ -186,14 +215,15 @@ def flash_attn_kvpacked_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_kvpacked(kv)
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, ("q", "kv", "kv"), softmax_scale, causal, window_size,
+    return _attention(q, k, v, ("q", "kv", "kv"), dropout_p, softmax_scale, causal, window_size,
                       softcap, alibi_slopes, return_attn_probs, deterministic)
 
 
 def _attention_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                      softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs, deterministic):
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                      deterministic):
     """_attention for a variable-length batch (options already checked)."""
-    variant = _checks.variant_for(softcap, alibi_slopes)
+    variant = _checks.variant_for(softcap, alibi_slopes, dropout_p)
     _checks.check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  _FWD_BUILT[variant], names=names, seqused_k=seqused_k,
                                  alibi_slopes=alibi_slopes, variant=variant)
@@ -205,13 +235,16 @@ def _attention_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
     # flash_attn normalizes the window against max_seqlen_k for varlen.
     window_left, window_right = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_k))
-    out, lse = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
-                       window_right, float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                       int(max_seqlen_q), int(max_seqlen_k))
+    seed = _dropout_seed(q.device) if dropout_p > 0 else None
+    with_probs = bool(return_attn_probs) and dropout_p > 0
+    out, lse, attn_probs = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
+                                   window_right, float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                   seqused_k, int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), seed,
+                                   with_probs)
     if pad:
         out = out[..., :head_dim]
     if return_attn_probs:
-        return out, lse, None
+        return out, lse, attn_probs if with_probs else None
     return out
 
 
@@ -246,13 +279,15 @@ def flash_attn_varlen_func(
 
     Returns:
         out (total_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
-        (nheads, total_q) float32, None).
+        (nheads, total_q) float32, S_dmask): S_dmask None without dropout, else
+        (batch, nheads, max_seqlen_q rounded up to 128, max_seqlen_k rounded up
+        to 128), row i and column j of sequence b at [b, :, i, j].
     """
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     _checks.check_block_table(block_table)
     return _attention_varlen(q, k, v, ("q", "k", "v"), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             seqused_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              return_attn_probs, deterministic)
 
 
@@ -277,7 +312,7 @@ def flash_attn_varlen_qkvpacked_func(
     _checks.check_varlen_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=1)
     return _attention_varlen(q, k, v, ("qkv", "qkv", "qkv"), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                             None, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                             None, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                              deterministic)
 
 
@@ -305,5 +340,5 @@ def flash_attn_varlen_kvpacked_func(
     _checks.check_varlen_kvpacked(kv)
     k, v = kv.unbind(dim=1)
     return _attention_varlen(q, k, v, ("q", "kv", "kv"), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             None, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                             None, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                              deterministic)
