@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import flashtile  # noqa: E402
 from bench_attention import TOKENS, run_metadata, sweep_nheads, time_ms  # noqa: E402
+from bench_score_mod import within_rule  # noqa: E402
 from flashtile.interface import _dropout_seed  # noqa: E402
 from plot_results import write_results  # noqa: E402
 from reference import causal_mask, dropout_keep_mask  # noqa: E402
@@ -59,11 +60,6 @@ def dense_attention(q, k, v, rows, causal, keep, dtype):
     lse = torch.logsumexp(scores, dim=-1)
     p = torch.softmax(scores, dim=-1).masked_fill(~keep, 0.0) / (1.0 - DROPOUT_P)
     return torch.einsum("hqk,khd->qhd", p, v), lse
-
-
-def within_rule(got, exact, lowp, dtype, slack=0.0) -> tuple[float, float]:
-    bound = 2 * (lowp.double() - exact).abs().max().item() + (exact.to(dtype).double() - exact).abs().max().item()
-    return (got.double() - exact).abs().max().item(), bound + slack
 
 
 def check_forward(q, k, v, causal) -> str | None:

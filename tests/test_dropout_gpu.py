@@ -20,27 +20,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import flashtile
-from flashtile import _C
 from flashtile.interface import _dropout_seed
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward, dropout_keep_mask
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-BUILT = {(int(d), str(n)) for direction, _arch, d, n, variant in _C.built_kernels()
-         if direction == "bwd" and variant == "scoremod"}
-# As test_score_mod_gpu.py: rows with few visible keys leave PyTorch's own
-# low-precision gradients at exactly 0 in places.
-GRAD_ATOL = 1e-4
-
-
-def require_built(head_dim, dtype_name):
-    if (head_dim, dtype_name) not in BUILT:
-        pytest.skip(f"the scoremod kernels for hdim{head_dim}/{dtype_name} are not in this build")
-
-
-def rand_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype):
-    shapes = ((batch, seqlen_q, nheads, head_dim), (batch, seqlen_k, nheads_k, head_dim),
-              (batch, seqlen_k, nheads_k, head_dim))
-    return tuple(torch.randn(s, device="cuda", dtype=dtype).requires_grad_() for s in shapes)
+# Dropout runs the scoremod kernels: the same build check, inputs and slack.
+from test_score_mod_gpu import DTYPES, GRAD_ATOL, rand_qkv, require_built
 
 
 def seed_of_next_call(torch_seed):

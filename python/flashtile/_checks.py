@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import struct
 
 import torch
 
@@ -83,6 +82,10 @@ __all__ = [
 
 _FLOAT32_MAX = 3.4028234663852886e38  # softcap travels as a float32
 _FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+# dropout_p travels as a float32 too: from halfway between 1 - 2**-24 (the
+# largest float32 below 1) and 1 up, it rounds to 1 (ties go to 1, the even
+# one). Plain arithmetic rather than struct.pack, so torch.compile traces it.
+_FLOAT32_BELOW_ONE_ROUNDS_UP = 1.0 - 2.0 ** -25
 _MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z (the forward's heads, batch)
 _MAX_SEQLEN = 1 << 29  # kMaxSeqlen in flashtile.hpp: the mask arithmetic stays within int
 # The backward's grids are 1-D: blocks of 64 rows (the smallest tile) × heads
@@ -119,11 +122,6 @@ def _fmt_shape(t: torch.Tensor) -> str:
 
 def _fmt_stride(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.stride()) + ")"
-
-
-def _as_float32(x: float) -> float:
-    """x rounded to the nearest float32, as the kernels receive it."""
-    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _is_real(x) -> bool:
@@ -196,7 +194,7 @@ def check_options(
     # -- types and ranges ------------------------------------------------
     if not _is_real(dropout_p):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not (0.0 <= dropout_p < 1.0) or _as_float32(dropout_p) >= 1.0:
+    if not (0.0 <= dropout_p < _FLOAT32_BELOW_ONE_ROUNDS_UP):
         # The kernels take it as a float32, where 1 - 2**-30 is already 1.
         raise ValueError(f"dropout_p must be in [0, 1) as a float32, got {dropout_p}")
     check_softmax_scale(softmax_scale)
