@@ -34,7 +34,7 @@ from bench_attention import TOKENS, run_metadata, sweep_nheads, time_ms  # noqa:
 from bench_score_mod import within_rule  # noqa: E402
 from flashtile.interface import _dropout_seed  # noqa: E402
 from plot_results import write_results  # noqa: E402
-from reference import causal_mask, dropout_keep_mask  # noqa: E402
+from reference import causal_mask, dropout_keep_mask, dropout_keep_probability  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 ROWS = 128
@@ -58,7 +58,7 @@ def dense_attention(q, k, v, rows, causal, keep, dtype):
     if causal:
         scores = scores.masked_fill(causal_mask(seqlen_q, seqlen_k, q.device)[rows], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    p = torch.softmax(scores, dim=-1).masked_fill(~keep, 0.0) / (1.0 - DROPOUT_P)
+    p = torch.softmax(scores, dim=-1).masked_fill(~keep, 0.0) / dropout_keep_probability(DROPOUT_P)
     return torch.einsum("hqk,khd->qhd", p, v), lse
 
 

@@ -76,30 +76,43 @@ def philox4x32_10(c0, c1, c2, c3, k0: int, k1: int):
     return c0, c1, c2, c3
 
 
+def dropout_keep_threshold(dropout_p: float) -> int:
+    """The kernels' 8-bit threshold round((1 - p) * 256) in [0, 256], p
+    rounded to float32 first (it travels as one)."""
+    p32 = torch.tensor(dropout_p, dtype=torch.float32).item()
+    return min(max(int((1.0 - p32) * 256.0 + 0.5), 0), 256)
+
+
+def dropout_keep_probability(dropout_p: float) -> float:
+    """The probability that the kernels keep a score: threshold / 256 (their
+    kept scores are scaled by its inverse)."""
+    return dropout_keep_threshold(dropout_p) / 256.0
+
+
 def dropout_keep_mask(seed: int, batch_index: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float,
                       device, rows=None) -> torch.Tensor:
     """flashtile's documented keep decisions (common/dropout.hpp) for one
     sequence: (nheads, seqlen_q, seqlen_k) bool, True where score (i, j) of
-    head h is kept. Score (i, j) takes word 2 * (i % 16 >= 8) + j % 2 of
-    Philox(counter = (j - j % 2, i - 8 * (i % 16 >= 8), h, batch_index),
-    key = the seed's low and high 32 bits), kept iff that word is below
-    round((1 - p) * 2**32) with p rounded to float32. rows (a slice): only
-    those query rows, (nheads, len(rows), seqlen_k)."""
-    p32 = torch.tensor(dropout_p, dtype=torch.float32).item()
-    threshold = min(int((1.0 - p32) * 4294967296.0 + 0.5), _U32)
+    head h is kept. With (R, C) = (16 * (i // 16), 8 * (j // 8)), r = i - R,
+    c = j - C: byte 2 * (r >= 8) + c % 2 of word c // 2 of Philox(counter =
+    (C, R + r % 8, h, batch_index), key = the seed's low and high 32 bits),
+    kept iff below dropout_keep_threshold(p). rows (a slice): only those
+    query rows, (nheads, len(rows), seqlen_k)."""
+    threshold = dropout_keep_threshold(dropout_p)
     h = torch.arange(nheads, device=device, dtype=torch.int64).view(-1, 1, 1)
     i = torch.arange(seqlen_q, device=device, dtype=torch.int64)[rows if rows is not None else slice(None)]
     i = i.view(1, -1, 1)
     j = torch.arange(seqlen_k, device=device, dtype=torch.int64).view(1, 1, -1)
-    upper = (i % 16 >= 8).to(torch.int64)
+    r, c = i % 16, j % 8
     shape = (nheads, i.shape[1], seqlen_k)
-    c0 = (j - j % 2).expand(shape)
-    c1 = (i - 8 * upper).expand(shape)
+    c0 = (j - c).expand(shape)
+    c1 = (i - r + r % 8).expand(shape)
     c2 = h.expand(shape)
     c3 = torch.full(shape, batch_index, device=device, dtype=torch.int64)
     words = torch.stack(philox4x32_10(c0, c1, c2, c3, seed & _U32, (seed >> 32) & _U32))
-    word = words.gather(0, (2 * upper + j % 2).expand(shape).unsqueeze(0)).squeeze(0)
-    return word < threshold
+    word = words.gather(0, (c // 2).expand(shape).unsqueeze(0)).squeeze(0)
+    byte = (word >> (8 * (2 * (r >= 8).to(torch.int64) + c % 2))) & 0xFF
+    return byte < threshold
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window_size=(-1, -1), softcap=0.0,
@@ -124,7 +137,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     than the bias a rounding of its own (flash_attn's test adds its float32
     bias the same way). dropout_keep (bool, (batch, nheads, seqlen_q,
     seqlen_k)) with dropout_p: the probabilities are multiplied by
-    keep / (1 - dropout_p) before the product with v; lse is unchanged.
+    keep / dropout_keep_probability(dropout_p) before the product with v (the
+    kernels' scale); lse is unchanged.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -168,7 +182,7 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     lse = (row_max + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf for empty rows
     p = p / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
     if dropout_keep is not None:
-        p = p.masked_fill(~dropout_keep, 0.0) / (1.0 - dropout_p)
+        p = p.masked_fill(~dropout_keep, 0.0) / dropout_keep_probability(dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", p, v)
     return out, lse
 

@@ -18,7 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import flashtile
 from flashtile import _C, _checks, _ops
 from flashtile._checks import KernelNotBuiltError
-from reference import assert_close_fa_rule, attention_ref, causal_mask, dropout_keep_mask, philox4x32_10
+from reference import (assert_close_fa_rule, attention_ref, causal_mask, dropout_keep_mask, dropout_keep_probability,
+                       philox4x32_10)
 
 FWD_BUILT = _checks.fwd_combos(_C.built_kernels())
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -573,9 +574,11 @@ def test_reference_philox_gives_the_random123_known_answers():
 
 
 def test_reference_dropout_mask_keeps_about_one_minus_p():
-    keep = dropout_keep_mask(-(2**62) + 12345, 3, 2, 300, 200, 0.3, "cpu")
+    keep = dropout_keep_mask(2**62 + 12345, 3, 2, 300, 200, 0.3, "cpu")
     assert keep.shape == (2, 300, 200)
-    assert abs(keep.float().mean().item() - 0.7) < 6 * (0.21 / keep.numel()) ** 0.5
+    kept = dropout_keep_probability(0.3)  # 179 / 256
+    assert kept == 179 / 256
+    assert abs(keep.float().mean().item() - kept) < 6 * (kept * (1 - kept) / keep.numel()) ** 0.5
     assert not torch.equal(keep, dropout_keep_mask(12345, 3, 2, 300, 200, 0.3, "cpu"))
 
 

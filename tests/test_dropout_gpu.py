@@ -21,7 +21,8 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile.interface import _dropout_seed
-from reference import assert_close_fa_rule, attention_ref, attention_ref_backward, dropout_keep_mask
+from reference import (assert_close_fa_rule, attention_ref, attention_ref_backward, dropout_keep_mask,
+                       dropout_keep_probability)
 # Dropout runs the scoremod kernels: the same build check, inputs and slack.
 from test_score_mod_gpu import DTYPES, GRAD_ATOL, rand_qkv, require_built
 
@@ -148,25 +149,28 @@ def test_manual_seed_reproduces_a_call_and_other_seeds_differ():
 
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5, 0.9])
 def test_kept_fraction_within_statistical_bounds(dropout_p):
-    """The kept fraction over 4 M scores, overall and for each of the four
-    Philox output words (each decides one position of the 2 x 2 groups),
-    within 6 standard deviations of 1 - p."""
+    """The kept fraction over 4 M scores, overall and for each of the 16
+    bytes of a Philox call (quad lane and element: every position of the
+    atoms), within 6 standard deviations of the keep probability drawn,
+    threshold / 256 (p rounded to 1/256, common/dropout.hpp)."""
     require_built(64, "bf16")
+    keep_probability = dropout_keep_probability(dropout_p)
+    assert abs(keep_probability - (1 - dropout_p)) <= 1 / 512
     q, k, v = rand_qkv(1, 1024, 1024, 4, 4, 64, torch.bfloat16)
     with torch.no_grad():
         _, _, attn_probs = flashtile.flash_attn_func(q, k, v, dropout_p=dropout_p, return_attn_probs=True)
     kept = kept_by_kernel(attn_probs, 1024, 1024).float()
     rows = torch.arange(1024, device="cuda").view(-1, 1)
     cols = torch.arange(1024, device="cuda").view(1, -1)
-    word = (2 * (rows % 16 >= 8) + cols % 2).expand(1024, 1024)
-    for name, selected in [("all", torch.ones_like(word, dtype=torch.bool))] + [
-            (f"word {w}", word == w) for w in range(4)]:
+    byte = (4 * ((cols % 8) // 2) + 2 * (rows % 16 >= 8) + cols % 2).expand(1024, 1024)
+    for name, selected in [("all", torch.ones_like(byte, dtype=torch.bool))] + [
+            (f"byte {b}", byte == b) for b in range(16)]:
         values = kept[:, :, selected]
         n = values.numel()
-        sigma = math.sqrt(dropout_p * (1 - dropout_p) / n)
+        sigma = math.sqrt(keep_probability * (1 - keep_probability) / n)
         fraction = values.mean().item()
-        assert abs(fraction - (1 - dropout_p)) < 6 * sigma, (
-            f"{name}: kept {fraction:.5f} of {n}, expected {1 - dropout_p} +- {6 * sigma:.5f}")
+        assert abs(fraction - keep_probability) < 6 * sigma, (
+            f"{name}: kept {fraction:.5f} of {n}, expected {keep_probability} +- {6 * sigma:.5f}")
 
 
 def test_attn_probs_magnitudes_are_the_probabilities():

@@ -116,14 +116,14 @@ FWD_REFUSALS = [
     ("dropout_seed int32", lambda a: a.update(options=dict(dropout_p=0.1, dropout_seed=_seed().int())),
      ["dropout_seed must be an int64 array of shape (1,)"]),
     ("attn_probs too few rows", lambda a: a.update(options=dict(
-        dropout_p=0.1, dropout_seed=_seed(), attn_probs=poisoned(2, 4, 32, 128, dtype=a["q"].dtype)))),
+        dropout_p=0.1, dropout_seed=_seed(), attn_probs=poisoned(2, 4, 32, 128, dtype=a["q"].dtype))),
      ["attn_probs must have shape"]),
     ("attn_probs float32", lambda a: a.update(options=dict(
-        dropout_p=0.1, dropout_seed=_seed(), attn_probs=poisoned(2, 4, 128, 128, dtype=torch.float32)))),
+        dropout_p=0.1, dropout_seed=_seed(), attn_probs=poisoned(2, 4, 128, 128, dtype=torch.float32))),
      ["attn_probs must be float16 or bfloat16"]),
     ("attn_probs not contiguous", lambda a: a.update(options=dict(
         dropout_p=0.1, dropout_seed=_seed(),
-        attn_probs=poisoned(2, 4, 128, 128, dtype=a["q"].dtype).transpose(2, 3)))),
+        attn_probs=poisoned(2, 4, 128, 128, dtype=a["q"].dtype).transpose(2, 3))),
      ["attn_probs must be contiguous"]),
 ]
 

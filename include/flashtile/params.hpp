@@ -80,8 +80,9 @@ struct FwdParams {
   DType dtype = DType::kBf16;
   // (Last, so the fields above keep the offsets the kernels were tuned with.)
   // Dropout on the attention probabilities (common/dropout.hpp): each is
-  // dropped with probability dropout_p in [0, 1) and the kept ones are scaled
-  // by 1 / (1 − dropout_p); the logsumexp is that of the undropped scores.
+  // dropped with probability dropout_p in [0, 1), rounded to a multiple of
+  // 1/256, and the kept ones are scaled by 1 / (1 − that); the logsumexp is
+  // that of the undropped scores.
   // dropout_seed points to one int64 on the device whose 64 bits are the
   // Philox key (read by the kernels, so a captured CUDA graph can be replayed
   // with a new seed written there); required when dropout_p > 0. The backward

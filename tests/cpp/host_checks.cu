@@ -131,7 +131,7 @@ bool dropout_groups_match(int rows, int cols) {
 }
 
 // Philox4x32-10 against the Random123 known-answer vectors (counter, key ->
-// output), and the keep threshold's ends.
+// output), the keep threshold's ends and the byte compare.
 void check_philox() {
   struct Kat {
     uint32_t counter[4];
@@ -151,10 +151,16 @@ void check_philox() {
     expect(out[0] == kat.expected[0] && out[1] == kat.expected[1] && out[2] == kat.expected[2] &&
                out[3] == kat.expected[3],
            "philox", "Philox4x32-10 gives the Random123 known answer");
+    flashtile::philox4x32_10<2>(kat.counter[0], kat.counter[1], kat.counter[2], kat.counter[3], kat.key, out);
+    expect(out[0] == kat.expected[0] && out[1] == kat.expected[1] && out[2] == kat.expected[2] &&
+               out[3] == kat.expected[3],
+           "philox", "the two-rounds-per-iteration loop gives the same words");
   }
-  expect(flashtile::dropout_keep_threshold(0.5f) == 0x80000000u, "philox", "p = 0.5 keeps words below 2^31");
-  expect(flashtile::dropout_keep_threshold(1e-12f) == 0xFFFFFFFFu, "philox", "a tiny p saturates below 2^32");
-  expect(flashtile::dropout_keep_threshold(1.f - 0x1p-23f) == 512u, "philox", "p near 1 keeps round((1 - p) 2^32)");
+  expect(flashtile::dropout_keep_threshold(0.5f) == 128, "philox", "p = 0.5 keeps bytes below 128");
+  expect(flashtile::dropout_keep_threshold(0.1f) == 230, "philox", "p = 0.1 keeps bytes below round(0.9 * 256)");
+  expect(flashtile::dropout_keep_threshold(1e-3f) == 256, "philox", "p below 1/512 keeps every byte");
+  expect(flashtile::dropout_keep_threshold(1.f - 0x1p-23f) == 0, "philox", "p from 1 - 1/512 keeps none");
+  expect(flashtile::dropout_keep_nibble(0x00FF7F80u, 128) == 0b1010, "philox", "bytes below the threshold set the bits");
 }
 
 template <class Traits>

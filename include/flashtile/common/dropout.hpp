@@ -6,17 +6,27 @@
 // The random numbers come from Philox4x32-10 (Salmon et al., "Parallel
 // random numbers: as easy as 1, 2, 3", SC'11), a counter-based generator:
 // output = f(counter, key), no state. The key is the 64-bit seed the caller
-// draws per forward (from torch's CUDA generator in the Python layer); the
-// counter names four scores, the ones a thread of an m16n8 MMA holds in one
-// accumulator atom (common/fragment.hpp):
-//     (i, j), (i, j + 1), (i + 8, j), (i + 8, j + 1),  i ≡ 0..7 (mod 16), j even,
-// as counter = (j, i, head, batch) with (i, j) the first of them, and output
-// word v decides element v of that atom. Every kernel here tiles S with
-// m16n8 atoms at rows that are multiples of 16 and columns that are multiples
-// of 8 of the sequence, so each one rebuilds the same four-score groups
-// whatever its block sizes and warp layout. One Philox call per four scores,
-// 32 bits each: score (i, j) is kept iff its word < keep_threshold =
-// round((1 − p) · 2³²), a keep probability exact to 2⁻³².
+// draws per forward (from torch's CUDA generator in the Python layer).
+//
+// Which call decides which score follows the m16n8 MMA accumulator atom
+// (common/fragment.hpp), the one structure every kernel here shares whatever
+// its block sizes and warp layout (each tiles S with atoms at rows that are
+// multiples of 16 and columns that are multiples of 8; host_checks verifies
+// it for every config). In the atom at (R, C), the four lanes of a quad hold
+// rows R + q and R + q + 8 (q = 0..7), lane l of the quad columns C + 2l and
+// C + 2l + 1. One Philox call per (atom, quad), 128 bits for its 16 scores:
+//     counter = (C, R + q, head, batch);  word l -> quad lane l;
+//     byte e of that word -> element e of the lane's four:
+//         (R + q, C + 2l), (R + q, C + 2l + 1), (R + q + 8, C + 2l), (R + q + 8, C + 2l + 1);
+//     kept iff the byte < keep_threshold = round((1 − p) · 256).
+// So p is used rounded to a multiple of 1/256 (as FlashAttention-2's 8-bit
+// threshold), and the kept scores are scaled by 256 / keep_threshold, the
+// inverse of the keep probability actually drawn, so the expected output is
+// the undropped one. In the kernels the quad's four lanes share the work: for
+// four of their atoms, lane l runs the call of the l-th and the words are
+// exchanged with three shuffles (keep_bits), one call per lane per 16
+// scores. (An earlier version gave each lane a call of its own, 32 bits per
+// score: the forward ran at 0.46 of its rate without dropout, d128.)
 // (i, j) are the row and column inside the sequence (varlen too), batch is
 // the sequence's index.
 #pragma once
@@ -46,12 +56,17 @@ CUTE_HOST_DEVICE uint32_t mul_hi_u32(uint32_t a, uint32_t b) {
 
 // Philox4x32 with 10 rounds: counter c, key k -> four 32-bit words. Checked
 // against the Random123 known-answer vectors in tests/cpp/host_checks.cu.
+// kUnroll: rounds per loop iteration (10: straight-line code; fewer: less
+// code, for the backward kernels whose query-block body must stay small
+// enough to inline, Dropout::keep_bits).
+template <int kUnroll = 10>
 CUTE_HOST_DEVICE void philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, PhiloxKey key,
                                     uint32_t out[4]) {
+  static_assert(10 % kUnroll == 0);
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;  // the round multipliers
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // the key schedule's increments
   uint32_t k0 = key.lo, k1 = key.hi;
-  CUTE_UNROLL
+#pragma unroll(kUnroll)
   for (int round = 0; round < 10; ++round) {
     if (round > 0) k0 += kWeyl0, k1 += kWeyl1;
     const uint32_t hi0 = mul_hi_u32(kMul0, c0), lo0 = kMul0 * c0;
@@ -64,21 +79,33 @@ CUTE_HOST_DEVICE void philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint3
   out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
-// round((1 − p) · 2³²), saturated below 2³²: scores whose word is below it
-// are kept. p in (0, 1).
-CUTE_HOST_DEVICE uint32_t dropout_keep_threshold(float p) {
-  const double keep = (1.0 - double(p)) * 4294967296.0;
-  return keep >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(keep + 0.5);
+// round((1 − p) · 256), in [0, 256]: a byte below it is a kept score. 256
+// (p below 1/512) keeps everything; 0 (p from 1 − 1/512) drops everything.
+CUTE_HOST_DEVICE int dropout_keep_threshold(float p) {
+  const int threshold = int((1.0 - double(p)) * 256.0 + 0.5);
+  return threshold < 0 ? 0 : threshold > 256 ? 256 : threshold;
 }
 
-// The four keep decisions of the atom group whose first score is (row, col)
-// (row ≡ 0..7 mod 16, col even), as bits 0..3 in atom element order.
-CUTE_HOST_DEVICE uint32_t dropout_keep_group(PhiloxKey key, uint32_t threshold, int row, int col, int head,
-                                             int batch) {
-  uint32_t words[4];
-  philox4x32_10(uint32_t(col), uint32_t(row), uint32_t(head), uint32_t(batch), key, words);
-  return uint32_t(words[0] < threshold) | uint32_t(words[1] < threshold) << 1 |
-         uint32_t(words[2] < threshold) << 2 | uint32_t(words[3] < threshold) << 3;
+// The four Philox words of the quad whose first row is `row` in the atom
+// whose first column is `atom_col` (word l is quad lane l's).
+template <int kUnroll = 10>
+CUTE_HOST_DEVICE void dropout_words(PhiloxKey key, int row, int atom_col, int head, int batch, uint32_t words[4]) {
+  philox4x32_10<kUnroll>(uint32_t(atom_col), uint32_t(row), uint32_t(head), uint32_t(batch), key, words);
+}
+
+// Bits 0..3: the keep decisions of a lane's four elements, from its word
+// (threshold in [0, 255]: 256, keep all, never reaches here).
+CUTE_HOST_DEVICE uint32_t dropout_keep_nibble(uint32_t word, int threshold) {
+#if defined(__CUDA_ARCH__)
+  // Four byte compares at once (0xff per byte below the threshold), then one
+  // bit per byte gathered by a multiply: bit 7 of byte e lands at bit 28 + e.
+  const uint32_t below = __vcmpltu4(word, 0x01010101u * uint32_t(threshold));
+  return ((below & 0x80808080u) * 0x00204081u) >> 28;
+#else
+  uint32_t nibble = 0;
+  for (int e = 0; e < 4; ++e) nibble |= uint32_t(int((word >> (8 * e)) & 0xFFu) < threshold) << e;
+  return nibble;
+#endif
 }
 
 // Keep decisions of an accumulator fragment, one bit per element (element e
@@ -93,18 +120,19 @@ using KeepBits = cute::array<uint32_t, (decltype(size(std::declval<Frag>()))::va
 template <bool kEnabled>
 struct Dropout {
   PhiloxKey key{0u, 0u};
-  uint32_t keep_threshold = 0xFFFFFFFFu;
-  float keep_scale = 1.f;  // 1 / (1 − p): what a kept probability is multiplied by
+  int keep_threshold = 256;
+  float keep_scale = 1.f;  // 256 / keep_threshold: what a kept probability is multiplied by
   int batch = 0;
   bool on = false;
 
   template <class Params>
-  CUTE_DEVICE Dropout(Params const& params, int batch_) : on(params.dropout_p > 0.f) {
+  CUTE_DEVICE Dropout(Params const& params, int batch_)
+      : keep_threshold(params.dropout_p > 0.f ? dropout_keep_threshold(params.dropout_p) : 256) {
+    on = keep_threshold < 256;  // a p that rounds to 0 drops nothing
     if (on) {
       const uint64_t seed = uint64_t(*params.dropout_seed);
       key = PhiloxKey{uint32_t(seed), uint32_t(seed >> 32)};
-      keep_threshold = dropout_keep_threshold(params.dropout_p);
-      keep_scale = 1.f / (1.f - params.dropout_p);
+      keep_scale = keep_threshold > 0 ? 256.f / float(keep_threshold) : 0.f;
       batch = batch_;
     }
   }
@@ -113,37 +141,56 @@ struct Dropout {
 
   // Keep bits of an (MMA = (2, 2), MMA_M, MMA_N) accumulator fragment whose
   // element e sits at (row0, col0) + coords(e): element (v, m, n) is bit
-  // 4·(m + MMA_M·n) + v. One Philox call per atom, eight atoms per word, in
-  // a loop that is not unrolled: unrolled, its ~45 instructions per atom
-  // made the backward's query-block body too large to inline (3.9 KB of
-  // stack at d128, the accumulators in local memory); the loop costs a few
-  // instructions per call.
-  template <class Coords>
+  // 4·(m + MMA_M·n) + v. Atoms four at a time: lane l of the quad runs the
+  // Philox call of the group's l-th atom, then for each distance d it sends
+  // the word that lane l ^ d needs and receives its own word of atom l ^ d.
+  // The loop over groups is not unrolled: unrolled, the calls made the
+  // backward's query-block body too large to inline (3.9 KB of stack at
+  // d128, the accumulators in local memory).
+  template <int kPhiloxUnroll = 10, class Coords>
   CUTE_DEVICE KeepBits<Coords> keep_bits(Coords const& coords, int row0, int col0, int head) const {
     static_assert(decltype(size<0>(coords))::value == 4, "m16n8 accumulator atoms");
     constexpr int kM = decltype(size<1>(coords))::value;
     constexpr int kAtoms = kM * decltype(size<2>(coords))::value;
+    static_assert(kAtoms % 4 == 0, "whole groups of four atoms");
+    const int quad_lane = int(threadIdx.x) % 4;
     KeepBits<Coords> bits;
     CUTE_UNROLL
-    for (int w = 0; w < int(bits.size()); ++w) {
-      uint32_t word = 0;
+    for (int w = 0; w < int(bits.size()); ++w) {  // eight atoms per word of bits
+      uint32_t word_bits = 0;
 #pragma unroll 1
-      for (int a = 0; a < 8 && 8 * w + a < kAtoms; ++a) {
-        const int atom = 8 * w + a;
-        const auto first = coords(0, atom % kM, atom / kM);  // the atom group's first score
-        word |= dropout_keep_group(key, keep_threshold, row0 + get<0>(first), col0 + get<1>(first), head, batch)
-                << (4 * a);
+      for (int group = 2 * w; group < 2 * w + 2 && 4 * group < kAtoms; ++group) {
+        const int atom = 4 * group + quad_lane;               // the call this lane runs
+        const auto first = coords(0, atom % kM, atom / kM);   // this lane's first score in that atom
+        uint32_t words[4];
+        dropout_words<kPhiloxUnroll>(key, row0 + get<0>(first), col0 + get<1>(first) - 2 * quad_lane, head, batch,
+                                     words);
+        uint32_t group_bits = 0;
+        CUTE_UNROLL
+        for (int d = 0; d < 4; ++d) {
+          const int peer = quad_lane ^ d;  // sends to and receives from quad lane `peer`
+          const uint32_t send = (peer & 2) ? ((peer & 1) ? words[3] : words[2]) : ((peer & 1) ? words[1] : words[0]);
+          const uint32_t mine = d == 0 ? send : __shfl_xor_sync(0xffffffffu, send, d);  // my word of atom 4·group + peer
+          group_bits |= dropout_keep_nibble(mine, keep_threshold) << (4 * peer);
+        }
+        word_bits |= group_bits << (16 * (group - 2 * w));
       }
-      bits[w] = word;
+      bits[w] = word_bits;
     }
     return bits;
   }
 
-  // acc(e) → acc(e) · scale where kept, 0 where dropped (bits from keep_bits).
-  template <class Acc, class Bits>
-  CUTE_DEVICE static void apply(Acc& acc, Bits const& bits, float scale) {
+  // keep_bits when on, else every bit set (the backward's recomputation
+  // applies the mask on every element without branching, bwd_tile.hpp).
+  // Two Philox rounds per loop iteration: with straight-line rounds the
+  // local-window scoremod backward's query-block body was not inlined (3.9
+  // KB of stack, d128).
+  template <class Coords>
+  CUTE_DEVICE KeepBits<Coords> keep_bits_or_all(Coords const& coords, int row0, int col0, int head) const {
+    KeepBits<Coords> all;
     CUTE_UNROLL
-    for (int e = 0; e < size(acc); ++e) acc(e) = (bits[e / 32] >> (e % 32)) & 1 ? acc(e) * scale : 0.f;
+    for (int w = 0; w < int(all.size()); ++w) all[w] = 0xFFFFFFFFu;
+    return on ? keep_bits<2>(coords, row0, col0, head) : all;
   }
 
   // frag(e) → 0 where dropped, on a fragment of any element type laid out

@@ -3,8 +3,8 @@
 // score modifiers, mask and logsumexp, negated where dropout dropped it.
 //
 // One warp per 16 × 8 tile of one (batch, head), each lane on the four scores
-// it would hold in an m16n8 MMA accumulator, so that one Philox call gives
-// its four keep decisions exactly as the attention kernels draw them
+// it would hold in an m16n8 MMA accumulator, so that its quad's Philox call
+// gives its four keep decisions exactly as the attention kernels draw them
 // (common/dropout.hpp). The scores are fp32 dot products read straight from
 // global memory: slow, and meant for tests on small problems, not for speed.
 #pragma once
@@ -37,9 +37,12 @@ __global__ void __launch_bounds__(32) attn_probs_kernel(const __grid_constant__ 
   const ScoreMod<true> mod(params.softmax_scale, params.softcap, seq.seqlen_q, seq.seqlen_k,
                            alibi_slope(params, batch, head));
   const Dropout<true> dropout(params, batch);
-  const uint32_t keep = dropout.enabled()
-                            ? dropout_keep_group(dropout.key, dropout.keep_threshold, row, col, head, batch)
-                            : 0xFu;
+  uint32_t keep = 0xFu;
+  if (dropout.enabled()) {  // each lane runs its quad's call and takes its own word (no shuffles here)
+    uint32_t words[4];
+    dropout_words(dropout.key, row, col - 2 * (lane % 4), head, batch, words);
+    keep = dropout_keep_nibble(words[lane % 4], dropout.keep_threshold);
+  }
   const Element* q = static_cast<const Element*>(params.q) + seq.q_offset(params.q_batch_stride, params.q_row_stride) +
                      head * params.q_head_stride;
   const Element* k = static_cast<const Element*>(params.k) + seq.k_offset(params.k_batch_stride, params.k_row_stride) +

@@ -274,10 +274,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   clear(acc_dv);
 
   // One query block: its five products, dQ's atomic adds; the mask when
-  // `masked` (a std::bool_constant). Always inlined: in the causal and
-  // local scoremod kernels, with dropout, ptxas otherwise made it a call
-  // (3.9 KB of stack, the accumulators in local memory; d128).
-  auto process_query_block = [&](int it, auto masked) __attribute__((always_inline)) {
+  // `masked` (a std::bool_constant).
+  auto process_query_block = [&](int it, auto masked) {
     const int buf = it & 1;
     const auto [head, m_block] = query_block_of(it);
     cp_async_wait<0>();
@@ -298,18 +296,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     score_mod.apply_softcap(acc_s);
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
     // Dropout code only in the kScoreMod kernels (common/dropout.hpp says why).
-    [[maybe_unused]] KeepBits<decltype(tScS)> keep;
     if constexpr (kScoreMod) {
-      if (dropout.enabled()) {
-        keep = dropout.keep_bits(tScS, m_block * kBlockM, n_block * kBlockN, head);
-        dropout.apply(acc_dp, keep, dropout.keep_scale);
-      }
-    }
-    recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
-                       scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN,
-                       seqlen_q - m_block * kBlockM);
-    if constexpr (kScoreMod) {
-      if (dropout.enabled()) dropout.apply(acc_s, keep, dropout.keep_scale);
+      recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM, scale_log2,
+                         mod_of_head(head), m_block * kBlockM, n_block * kBlockN, seqlen_q - m_block * kBlockM,
+                         dropout.keep_bits_or_all(tScS, m_block * kBlockM, n_block * kBlockN, head),
+                         dropout.keep_scale);
+    } else {
+      recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
+                         scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN,
+                         seqlen_q - m_block * kBlockM);
     }
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
@@ -348,8 +343,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), ldsm_dkv_a, ldsm_dkv_b);
   };
   int it = 0;
-  for (; it < masked_iterations; ++it) process_query_block(it, std::true_type{});
-  for (; it < iterations; ++it) process_query_block(it, std::false_type{});
+  if constexpr (kScoreMod) {
+    // One body for every block, the mask applied throughout: with a second
+    // body for the unmasked blocks, dropout's code made ptxas stop inlining
+    // them (3.6–4.3 KB of stack, the accumulators in local memory; d64,
+    // d128, d256). The mask costs a few compares per score next to the
+    // modifiers' and dropout's work.
+    for (; it < iterations; ++it) process_query_block(it, std::true_type{});
+  } else {
+    for (; it < masked_iterations; ++it) process_query_block(it, std::true_type{});
+    for (; it < iterations; ++it) process_query_block(it, std::false_type{});
+  }
 
   cp_async_wait<0>();  // no copy left in flight on any path (the loop waited on the last one)
   // dK = scale · Σ dSᵀ·Q; dV = Σ Pᵀ·dO, staged in sK and sV once every warp
