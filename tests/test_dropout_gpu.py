@@ -272,3 +272,22 @@ def test_opcheck_with_dropout_and_probs():
     seed = torch.tensor([12345], dtype=torch.int64, device="cuda")
     args = (q, k, v, 0.125, True, False, -1, -1, 0.0, None, None, None, None, 0, 0, 0.3, seed, True)
     torch.library.opcheck(torch.ops.flashtile.fwd.default, args, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_runs_on_the_tensors_device():
+    """q on the second GPU while the first is current: the seed comes from
+    that device's generator and the mask and gradients are right there."""
+    require_built(64, "bf16")
+    device = torch.device("cuda", 1)
+    torch.manual_seed(21)
+    q, k, v = (torch.randn(1, 96, 2, 64, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    torch.cuda.manual_seed_all(5)
+    with torch.cuda.device(device):
+        key = int(_dropout_seed(device).item())
+    torch.cuda.manual_seed_all(5)
+    assert torch.cuda.current_device() == 0
+    out, lse, attn_probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, return_attn_probs=True)
+    keep = dropout_keep_mask(key, 0, 2, 96, 96, 0.3, device).unsqueeze(0)
+    assert torch.equal(kept_by_kernel(attn_probs, 96, 96), keep)
+    check_against_reference(q, k, v, 0.3, keep, out, lse, causal=True)
