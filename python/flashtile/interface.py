@@ -91,36 +91,48 @@ def _dropout_seed(device: torch.device) -> torch.Tensor:
     return torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, device=device)
 
 
-def _attention(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-               return_attn_probs, deterministic):
-    """Check the tensors (options are already checked) and run the op. A head
-    dim without a kernel of its own runs on the next larger kernel with q, k
-    and v zero-padded (zeros add nothing to q·k, and v's padding only fills
-    out's columns that are cut off again); autograd carries the gradients
-    back through the padding."""
-    variant = _checks.variant_for(softcap, alibi_slopes, dropout_p)
-    _checks.check_fwd_tensors(q, k, v, _FWD_BUILT[variant], names=names, alibi_slopes=alibi_slopes,
-                              variant=variant)
-    head_dim = q.shape[-1]
+def _padded_to_kernel_head_dim(q, k, v):
+    """q, k, v zero-padded to the next head dim with a kernel of its own (as
+    they are when it has one). Zeros add nothing to q·k, and v's padding only
+    fills out's columns that _run cuts off again; autograd carries the
+    gradients back through the padding."""
+    pad = _checks.kernel_head_dim(q.shape[-1]) - q.shape[-1]
+    if not pad:
+        return q, k, v
+    # F.pad keeps some input layouts (e.g. a stride-1 dim that is not the
+    # last); the kernels need the last dim contiguous.
+    return tuple(F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
+
+
+def _run(q, k, v, head_dim, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout_p,
+         return_attn_probs, varlen=(None, None, None, 0, 0)):
+    """The op on kernel-sized q, k, v: draws dropout's seed, cuts out back to
+    head_dim and returns what flash_attn returns (the probabilities only with
+    dropout, None otherwise). varlen: (cu_seqlens_q, cu_seqlens_k,
+    seqused_k, max_seqlen_q, max_seqlen_k)."""
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
-    pad = _checks.kernel_head_dim(head_dim) - head_dim
-    if pad:
-        # F.pad keeps some input layouts (e.g. a stride-1 dim that is not the
-        # last); the kernels need the last dim contiguous.
-        q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
-    window_left, window_right = _checks.kernel_window(window_size, bool(causal), k.shape[1])
     seed = _dropout_seed(q.device) if dropout_p > 0 else None
-    # flash_attn returns the probabilities only with dropout (None otherwise).
     with_probs = bool(return_attn_probs) and dropout_p > 0
-    out, lse, attn_probs = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
-                                   window_right, float(softcap), alibi_slopes, None, None, None, 0, 0,
-                                   float(dropout_p), seed, with_probs)
-    if pad:
+    out, lse, attn_probs = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), *window,
+                                   float(softcap), alibi_slopes, *varlen, float(dropout_p), seed, with_probs)
+    if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     if return_attn_probs:
         return out, lse, attn_probs if with_probs else None
     return out
+
+
+def _attention(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+               return_attn_probs, deterministic):
+    """Check the tensors (options are already checked) and run the op, on
+    q, k, v padded to a kernel's head dim."""
+    variant = _checks.variant_for(softcap, alibi_slopes, dropout_p)
+    _checks.check_fwd_tensors(q, k, v, _FWD_BUILT[variant], names=names, alibi_slopes=alibi_slopes,
+                              variant=variant)
+    window = _checks.kernel_window(window_size, bool(causal), k.shape[1])
+    return _run(*_padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
+                softcap, alibi_slopes, dropout_p, return_attn_probs)
 
 
 def flash_attn_func(
@@ -229,25 +241,11 @@ def _attention_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     _checks.check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  _FWD_BUILT[variant], names=names, seqused_k=seqused_k,
                                  alibi_slopes=alibi_slopes, variant=variant)
-    head_dim = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = head_dim ** -0.5
-    pad = _checks.kernel_head_dim(head_dim) - head_dim
-    if pad:
-        q, k, v = (F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
     # flash_attn normalizes the window against max_seqlen_k for varlen.
-    window_left, window_right = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_k))
-    seed = _dropout_seed(q.device) if dropout_p > 0 else None
-    with_probs = bool(return_attn_probs) and dropout_p > 0
-    out, lse, attn_probs = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), window_left,
-                                   window_right, float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                   seqused_k, int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), seed,
-                                   with_probs)
-    if pad:
-        out = out[..., :head_dim]
-    if return_attn_probs:
-        return out, lse, attn_probs if with_probs else None
-    return out
+    window = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_k))
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
+    return _run(*_padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
+                softcap, alibi_slopes, dropout_p, return_attn_probs, varlen)
 
 
 def flash_attn_varlen_func(
