@@ -113,10 +113,10 @@ CUTE_HOST_DEVICE uint32_t dropout_keep_nibble(uint32_t word, int threshold) {
 template <class Frag>
 using KeepBits = cute::array<uint32_t, (decltype(size(std::declval<Frag>()))::value + 31) / 32>;
 
-// A kernel's dropout: Dropout<true> (the scoremod kernels') reads dropout_p
-// and the seed from FwdParams or BwdParams and is on when dropout_p > 0.
-// Dropout<false> (below) is the plain kernels': an empty object whose
-// enabled() is a constant false.
+// A kernel's dropout: Dropout<true> (the scoremod forward's, the dropout
+// backward's) reads dropout_p and the seed from FwdParams or BwdParams and is
+// on when dropout_p > 0. Dropout<false> (below) is the other kernels': an
+// empty object whose enabled() is a constant false.
 template <bool kEnabled>
 struct Dropout {
   PhiloxKey key{0u, 0u};
@@ -206,8 +206,9 @@ struct Dropout {
   }
 };
 
-// The plain kernels': no state, and the kernels call nothing of it outside
-// `if constexpr (kScoreMod)`. With the members above and a run-time
+// The plain kernels' (and the backward's softcap/ALiBi kernels'): no state,
+// and the kernels call nothing of it outside `if constexpr` on their dropout
+// flag. With the members above and a run-time
 // `if (enabled())` on a constant false, the plain d128 forward's register
 // allocation changed (SASS compared with cuobjdump); like this it is the
 // same instruction for instruction.

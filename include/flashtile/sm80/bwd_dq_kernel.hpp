@@ -34,7 +34,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask, bool kScoreMod>
+template <class Traits, MaskKind kMask, bool kScoreMod, bool kDropout>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dq_kernel(const __grid_constant__ BwdParams params, const float* dsum) {
   using Element = typename Traits::Element;
@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const ScoreMod<kScoreMod> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k,
                                       kScoreMod ? alibi_slope(params, batch, head) : 0.f);
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
-  const Dropout<kScoreMod> dropout(params, batch);
+  static_assert(kScoreMod || !kDropout, "dropout runs in the modified kernels");
+  const Dropout<kDropout> dropout(params, batch);
   const BlockMask<kMask, kBlockM, kBlockN> mask(seqlen_q, seqlen_k, params.window_left, params.window_right);
 
   Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, tdPsdO, in_buffer(tdPsV, buf), ldsm_sdp_a, ldsm_sdp_b);
     score_mod.apply_softcap(acc_s);
     if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block, n_block);
-    if constexpr (kScoreMod) {  // with dropout's mask: the main kernel's dS (bwd_kernel.hpp)
+    if constexpr (kDropout) {  // with dropout's mask: the main kernel's dS (bwd_kernel.hpp)
       recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse, smem_dsum, scale_log2, score_mod, m_block * kBlockM,
                          n_block * kBlockN, q_rows_valid,
                          dropout.keep_bits_or_all(tScS, m_block * kBlockM, n_block * kBlockN, head),

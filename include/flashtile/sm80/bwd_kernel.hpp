@@ -8,11 +8,12 @@
 //   for each query head of the group, each visible query block i:
 //     start loading Q, dO, LSE, D of block i+1 (the other smem buffer;
 //     with kSingleBufferDo, dO's one buffer is loaded after dV below)
-//     S = Q_i·Kᵀ, dP = dO_i·Vᵀ                 (registers)
+//     S = Q_i·Kᵀ, dP = dO_i·Vᵀ                 (registers; V itself too
+//                                               with BwdConfig::kVInRegs)
 //     softcap and ALiBi (kScoreMod kernels, common/score_mod.hpp)
 //     P = exp2(S·c − LSE·log2 e) (0 where masked), dS = P ∘ (dP − D_i);
-//     with dropout's mask Z (common/dropout.hpp), dS = P ∘ (dP ∘ Z/(1−p) − D_i)
-//     and P ∘ Z/(1−p) for dV
+//     with dropout's mask Z (kDropout kernels, common/dropout.hpp),
+//     dS = P ∘ (dP ∘ Z/(1−p) − D_i) and P ∘ Z/(1−p) for dV
 //     stage P and dS in shared memory (bf16/fp16)
 //     dQ_i += dS·K  → fp32 atomic adds into the workspace
 //                     (skipped in deterministic mode: bwd_dq_kernel.hpp)
@@ -47,7 +48,10 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod, bool kVarlen>
+// kScoreMod: softcap and ALiBi; kDropout (only with kScoreMod): dropout too.
+// Dropout has kernels of its own because its code, even when off, made the
+// softcap/ALiBi backward 7–10 % slower (benchmarks/NOTES.md, "Dropout").
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod, bool kDropout, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum) {
   using Element = typename Traits::Element;
@@ -59,6 +63,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
   static_assert(Traits::kNThreads >= 2 * kBlockM, "one thread per row loads LSE, another D");
   static_assert(kBwdDqAccumRowAlign % kBlockM == 0, "dQ accumulator rows are whole query blocks");
+  static_assert(kScoreMod || !kDropout, "dropout runs in the modified kernels");
 
   extern __shared__ __align__(128) char smem[];
 
@@ -91,7 +96,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   };
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
-  const Dropout<kScoreMod> dropout(params, batch);
+  const Dropout<kDropout> dropout(params, batch);
 
   // This CTA's K and V tiles and its dK, dV outputs.
   Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k),
@@ -291,12 +296,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     clear(acc_s);
     clear(acc_dp);
     gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, ldsm_sdp_a, ldsm_sdp_b);
-    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, do_buf), tdPsV, ldsm_sdp_a, ldsm_sdp_b);
+    if constexpr (Traits::kVInRegs) {
+      gemm_smem_reg(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, do_buf), ldsm_sdp_a);
+    } else {
+      gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, do_buf), tdPsV, ldsm_sdp_a, ldsm_sdp_b);
+    }
 
     score_mod.apply_softcap(acc_s);
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
-    // Dropout code only in the kScoreMod kernels (common/dropout.hpp says why).
-    if constexpr (kScoreMod) {
+    // Dropout code only in the kDropout kernels (common/dropout.hpp says why).
+    if constexpr (kDropout) {
       recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM, scale_log2,
                          mod_of_head(head), m_block * kBlockM, n_block * kBlockN, seqlen_q - m_block * kBlockM,
                          dropout.keep_bits_or_all(tScS, m_block * kBlockM, n_block * kBlockN, head),
@@ -342,13 +351,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), ldsm_dkv_a, ldsm_dkv_b);
   };
+  if constexpr (Traits::kVInRegs) {
+    // K, V and the first query block have landed (the loop's first wait
+    // would wait for them too); V's fragment is read once, here.
+    cp_async_wait<0>();
+    __syncthreads();
+    copy(ldsm_sdp_b, tdPsV, ldsm_sdp_b.get_thread_slice(tid).retile_D(tdPrV));
+  }
   int it = 0;
   if constexpr (kScoreMod) {
     // One body for every block, the mask applied throughout: with a second
-    // body for the unmasked blocks, dropout's code made ptxas stop inlining
-    // them (3.6–4.3 KB of stack, the accumulators in local memory; d64,
-    // d128, d256). The mask costs a few compares per score next to the
-    // modifiers' and dropout's work.
+    // body for the unmasked blocks ptxas stops inlining them (3.6–4.3 KB of
+    // stack, the accumulators in local memory; d64, d128, d256 with
+    // dropout, and d64 with softcap/ALiBi alone). The mask costs a few
+    // compares per score next to the modifiers' work.
     for (; it < iterations; ++it) process_query_block(it, std::true_type{});
   } else {
     for (; it < masked_iterations; ++it) process_query_block(it, std::true_type{});

@@ -34,6 +34,21 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
   return cudaPeekAtLastError();  // left set, so the caller can read the cause
 }
 
+// The main kernel's instantiation for a launch: dQ by atomics or not (the
+// deterministic mode), fixed-length or varlen, with dropout's code or
+// without (the modified kernels only).
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
+auto* dkdv_kernel_for(bool varlen, bool dropout) {
+  if constexpr (kScoreMod) {
+    if (dropout) {
+      return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, true>
+                    : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, false>;
+    }
+  }
+  return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
+                : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
+}
+
 // The backward with explicit tile traits: Traits for the main kernel,
 // DqTraits for the deterministic mode's dQ kernel. kMask must be what
 // resolve_mask() makes of params' causal flag and window (else
@@ -79,21 +94,21 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   // the main kernel (common/seqlen.hpp says why); the dQ and convert kernels
   // decide at run time.
   const bool varlen = is_varlen(params);
+  const bool dropout = params.dropout_p > 0.f;
   if (params.deterministic) {
     // No dQ accumulator in this mode (the kernel variant never touches it).
-    auto* dkdv_kernel = varlen ? &bwd_dkdv_kernel<Traits, kMask, false, kScoreMod, true>
-                               : &bwd_dkdv_kernel<Traits, kMask, false, kScoreMod, false>;
+    auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, false, kScoreMod>(varlen, dropout);
     cudaError_t err = launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params,
                                                            static_cast<float*>(nullptr), dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
-    err = launch_with_smem<DqTraits::kSmemDqBytes>(&bwd_dq_kernel<DqTraits, kMask, kScoreMod>, dq_grid,
-                                                   DqTraits::kNThreads, stream, params, dsum);
+    auto* dq_kernel = kScoreMod && dropout ? &bwd_dq_kernel<DqTraits, kMask, kScoreMod, kScoreMod>
+                                           : &bwd_dq_kernel<DqTraits, kMask, kScoreMod, false>;
+    err = launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, dq_grid, DqTraits::kNThreads, stream, params, dsum);
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
 
-  auto* dkdv_kernel = varlen ? &bwd_dkdv_kernel<Traits, kMask, true, kScoreMod, true>
-                             : &bwd_dkdv_kernel<Traits, kMask, true, kScoreMod, false>;
+  auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
   if (launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params, ws.dq_accum,
                                            dsum) != cudaSuccess) {
     return Status::kCudaError;

@@ -32,10 +32,10 @@ using namespace cute;
 //   rows past it (zero Q, dO, LSE and D) get P = 0: a negative ALiBi slope
 //   would otherwise make their P = exp2(bias) overflow, and inf · 0 = NaN in
 //   dK and dV (the plain kernels' P there is exp2(0) = 1, times zeros).
-//   keep, keep_scale (the modified kernels only): dropout's keep bits of the
-//   tile (Dropout::keep_bits; all ones without dropout) and the scale of a
-//   kept score. With the mask Z, dS = P ∘ (dP ∘ Z·s − D) and S becomes
-//   P ∘ Z·s, the P the forward multiplied V by (for dV).
+//   keep, keep_scale (the dropout kernels only): dropout's keep bits of the
+//   tile (Dropout::keep_bits_or_all) and the scale of a kept score. With the
+//   mask Z, dS = P ∘ (dP ∘ Z·s − D) and S becomes P ∘ Z·s, the P the forward
+//   multiplied V by (for dV).
 template <class AccS, class AccDP, class Coords, class Mod, class Keep = std::nullptr_t>
 CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords, const float* lse,
                                     const float* dsum, float scale_log2, Mod const& mod, int row0, int col0,
@@ -44,12 +44,11 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
   Tensor s = rowcol_view(acc_s);      // (rows, cols)
   Tensor dp = rowcol_view(acc_dp);    // (rows, cols)
   Tensor rc = rowcol_view(coords);    // (rows, cols) -> (row, col)
-  // The modified kernels take both modifiers' and dropout's arithmetic on
-  // every element, neutral when off (a slope of 0; 1 − 0·t²; every bit kept,
-  // scale 1): branching outside the loop instead made copies of it, and the
-  // main kernel's query-block body was then no longer inlined (3.8 KB of
-  // stack at d128).
-  constexpr int kMmaM = decltype(size<1>(acc_s))::value;
+  // The modified kernels take both modifiers' (and in the dropout kernels
+  // dropout's) arithmetic on every element, neutral when off (a slope of 0;
+  // 1 − 0·t²; every bit kept, scale 1): branching outside the loop instead
+  // made copies of it, and the main kernel's query-block body was then no
+  // longer inlined (3.8 KB of stack at d128).
   const float dtanh_weight = mod.has_softcap() ? 1.f : 0.f;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
@@ -75,10 +74,16 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
         const float dtanh = fmaxf(0.f, 1.f - dtanh_weight * t * t);
         // (mi, ni) is element (v = ni % 2 + 2 (mi % 2), m = mi / 2, n = ni / 2) of
         // the ((2, 2), MMA_M, MMA_N) fragment: keep bit v + 4 (m + MMA_M n).
-        const int e = ni % 2 + 2 * (mi % 2) + 4 * (mi / 2 + kMmaM * (ni / 2));
-        const float z = (keep[e / 32] >> (e % 32)) & 1 ? keep_scale : 0.f;
-        s(mi, ni) = p * z;
-        dp(mi, ni) = p * (dp(mi, ni) * z - row_dsum) * dtanh;
+        if constexpr (std::is_same_v<Keep, std::nullptr_t>) {
+          s(mi, ni) = p;
+          dp(mi, ni) = p * (dp(mi, ni) - row_dsum) * dtanh;
+        } else {
+          constexpr int kMmaM = decltype(size<1>(acc_s))::value;
+          const int e = ni % 2 + 2 * (mi % 2) + 4 * (mi / 2 + kMmaM * (ni / 2));
+          const float z = (keep[e / 32] >> (e % 32)) & 1 ? keep_scale : 0.f;
+          s(mi, ni) = p * z;
+          dp(mi, ni) = p * (dp(mi, ni) * z - row_dsum) * dtanh;
+        }
       }
     }
   }

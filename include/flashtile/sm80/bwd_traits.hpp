@@ -28,6 +28,8 @@ using namespace cute;
 // "Backward v3"): d64 at 128 × 128 is 15 % faster than 64 × 128 non-causal
 // and 6–10 % causal (1k–16k); its S/dP warps laid out 4 × 2 beat 2 × 4 by
 // 0–1 % non-causal and 12–18 % causal (where 2 × 4 spills 20–24 bytes).
+// kVInRegs: the dP = dO·Vᵀ product takes V from registers, loaded once per
+// CTA, instead of from shared memory every query block.
 template <int kHeadDim, bool kIsCausal>
 struct BwdConfig;
 template <bool kIsCausal>
@@ -35,15 +37,23 @@ struct BwdConfig<64, kIsCausal> {
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 4, kAtomNdKV = 4, kAtomMdQ = 4;
   static constexpr bool kSingleBufferDo = false;  // see BwdConfig<192>
+  static constexpr bool kVInRegs = false;
 };
 template <bool kIsCausal>
 struct BwdConfig<128, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
   static constexpr bool kSingleBufferDo = false;
+  static constexpr bool kVInRegs = false;
 };
+// 32: V in registers (16 per thread) measured +1.4–3 % non-causal and +2–3 %
+// causal at 1k–16k on the H200; at 96 (48 per thread) it was within ±1 %
+// and spilled more, so 96 keeps V in shared memory (benchmarks/NOTES.md,
+// "Backward: V in registers").
 template <bool kIsCausal>
-struct BwdConfig<32, kIsCausal> : BwdConfig<64, kIsCausal> {};
+struct BwdConfig<32, kIsCausal> : BwdConfig<64, kIsCausal> {
+  static constexpr bool kVInRegs = true;
+};
 // 96: as 128, but the dQ product's warps 4 × 2, so its 32-column tile
 // divides 96.
 template <bool kIsCausal>
@@ -51,6 +61,7 @@ struct BwdConfig<96, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
   static constexpr bool kSingleBufferDo = false;
+  static constexpr bool kVInRegs = false;
 };
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
 // thread, so keys come in blocks of 64; shared memory is 137 and 209 KB (the
@@ -63,6 +74,7 @@ struct BwdConfig<192, kIsCausal> {
   // instead of 161 KB and 12–16 instead of 60–64 bytes of spill; +2 %
   // non-causal, 0 causal at 1k–16k on the H200 (benchmarks/NOTES.md).
   static constexpr bool kSingleBufferDo = true;
+  static constexpr bool kVInRegs = false;
 };
 // 256 keeps dO double-buffered: single, it ran 6–7 % slower non-causal and
 // 2–4 % causal (1k–16k, H200).
@@ -83,6 +95,7 @@ struct BwdDqConfig {
   // dQ's warps 2 × 4 tile 64 columns, 4 × 2 tile 32 (head dims 32 and 96).
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = kHeadDim % 64 == 0 ? 2 : 4;
   static constexpr bool kSingleBufferDo = false;  // the dQ kernel has its own layout
+  static constexpr bool kVInRegs = false;          // the dQ kernel streams V
 };
 
 template <int kHeadDim_, class Element_, class Config_>
@@ -132,6 +145,7 @@ struct BwdTraits {
   // loads while this one computes; dO single with kSingleBufferDo), K, V, P,
   // dS single.
   static constexpr bool kSingleBufferDo = Config::kSingleBufferDo;
+  static constexpr bool kVInRegs = Config::kVInRegs;
   static constexpr int kSmemBytes = (kSingleBufferDo ? 3 : 4) * kSmemQBytes + 2 * kSmemKVBytes +
                                     2 * kSmemPdSBytes + 4 * kSmemRowsBytes;
   // dQ kernel: Q, dO, LSE, D single, K and V double-buffered, dS.

@@ -49,4 +49,20 @@ CUTE_DEVICE void gemm_reg_smem(TiledMma const& tiled_mma, Acc& acc, FragA const&
   }
 }
 
+// acc += A · Bᵀ with B already in registers (the backward's V, loaded once per
+// CTA when BwdConfig::kVInRegs) and A staged from shared memory.
+template <class TiledMma, class Acc, class FragA, class FragB, class SmemA, class CopyA>
+CUTE_DEVICE void gemm_smem_reg(TiledMma const& tiled_mma, Acc& acc, FragA& tCrA, FragB const& tCrB,
+                               SmemA const& tCsA, CopyA const& copy_a) {
+  auto tCrA_view = copy_a.get_slice(threadIdx.x).retile_D(tCrA);  // (CPY, MMA_M, MMA_K)
+  constexpr int kSlices = decltype(size<2>(tCrA))::value;
+  static_assert(kSlices == decltype(size<2>(tCrB))::value);
+  copy(copy_a, tCsA(_, _, _0{}), tCrA_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < kSlices; ++k) {
+    if (k + 1 < kSlices) copy(copy_a, tCsA(_, _, k + 1), tCrA_view(_, _, k + 1));
+    gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+  }
+}
+
 }  // namespace flashtile::sm80
