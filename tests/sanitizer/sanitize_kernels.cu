@@ -2,7 +2,8 @@
 // problems, forward then backward (default and deterministic), for
 // compute-sanitizer (tests/sanitizer/run.sh): odd seqlens on both sides, GQA,
 // causal with seqlen_q > seqlen_k (rows that see no key) and the reverse,
-// sliding windows, strided (padded) rows. It checks each Status and each kernel's error, and
+// sliding windows, strided (padded) rows; the scoremod kernels with and
+// without dropout. It checks each Status and each kernel's error, and
 // prints one line per problem; the numerics are the Python tests' job.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -81,7 +82,7 @@ bool check(const char* what, flashtile::Status status) {
   return true;
 }
 
-bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic, uint32_t seed) {
+bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic, bool dropout, uint32_t seed) {
   const int d = key.head_dim;
   const bool bf16 = key.dtype == flashtile::DType::kBf16;
   // Varlen tensors are one packed sequence of all rows.
@@ -97,10 +98,11 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   cudaMalloc(&lse, size_t(batches) * pr.nheads * rows_q * sizeof(float));
   int *d_cu_q = varlen ? device_ints(cu_q) : nullptr, *d_cu_k = varlen ? device_ints(cu_k) : nullptr;
   int* d_used_k = device_ints(pr.used_k);
-  // The scoremod kernels run with every modifier: softcap, (batch, nheads)
-  // ALiBi slopes and dropout, and the forward writes the testing-only
-  // probabilities (rows and columns rounded up to 128, as flashtile's Python
-  // layer allocates them).
+  // The scoremod kernels run with softcap and (batch, nheads) ALiBi slopes,
+  // and with `dropout` also dropout, the forward then writing the
+  // testing-only probabilities (rows and columns rounded up to 128, as
+  // flashtile's Python layer allocates them); the backward has kernels with
+  // and without dropout's code.
   const bool score_mod = key.variant == flashtile::Variant::kScoreMod;
   float* slopes = nullptr;
   int64_t* dropout_seed = nullptr;
@@ -111,6 +113,8 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
     for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f / float(i + 1);
     cudaMalloc(&slopes, host.size() * sizeof(float));
     cudaMemcpy(slopes, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  if (score_mod && dropout) {
     const int64_t host_seed = 0x123456789abcdefLL + seed;
     cudaMalloc(&dropout_seed, sizeof(int64_t));
     cudaMemcpy(dropout_seed, &host_seed, sizeof(int64_t), cudaMemcpyHostToDevice);
@@ -129,6 +133,8 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   f.window_left = pr.window_left, f.window_right = pr.window_right;
   if (score_mod) {
     f.softcap = 20.f, f.alibi_slopes = slopes, f.alibi_slopes_batch_stride = pr.nheads;
+  }
+  if (score_mod && dropout) {
     f.dropout_p = 0.3f, f.dropout_seed = dropout_seed;
     f.attn_probs = attn_probs, f.attn_probs_rows = probs_rows, f.attn_probs_cols = probs_cols;
   }
@@ -191,16 +197,19 @@ int main() {
   uint32_t seed = 1;
   for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
     if (key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype, variant)
+    const bool score_mod = key.variant == flashtile::Variant::kScoreMod;
     for (const Problem& pr : problems) {
       for (bool deterministic : {false, true}) {
-        std::printf("hdim %d %s %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d window (%d, %d) "
-                    "varlen %d deterministic %d\n",
-                    key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant), pr.batch, pr.seqlen_q, pr.seqlen_k,
-                    pr.nheads, pr.nheads_k, int(pr.causal), pr.window_left, pr.window_right,
-                    int(!pr.lens_q.empty()), int(deterministic));
-        ++runs;
-        if (!run(key, pr, deterministic, seed)) ++failures;
-        seed += 16;
+        for (int dropout = score_mod ? 1 : 0; dropout >= 0; --dropout) {
+          std::printf("hdim %d %s %s: batch %d seqlen_q %d seqlen_k %d heads %d/%d causal %d window (%d, %d) "
+                      "varlen %d deterministic %d dropout %d\n",
+                      key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant), pr.batch,
+                      pr.seqlen_q, pr.seqlen_k, pr.nheads, pr.nheads_k, int(pr.causal), pr.window_left,
+                      pr.window_right, int(!pr.lens_q.empty()), int(deterministic), dropout);
+          ++runs;
+          if (!run(key, pr, deterministic, dropout == 1, seed)) ++failures;
+          seed += 16;
+        }
       }
     }
   }
