@@ -209,11 +209,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                 params.dout_row_stride, params.dout_head_stride, head, seqlen_q),
                             ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
     if (with_q) {
-      copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
+      copy_rows_async_zfill<Element>(gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
     }
     if (with_do) {
-      copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, kSingleDo ? 0 : buf), tQcQ,
-                        q_rows_valid);
+      copy_rows_async_zfill<Element>(gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, kSingleDo ? 0 : buf), tQcQ,
+                                     q_rows_valid);
     }
     if (!with_q) return;
     const int64_t row_offset = seq.row_index(params, head) + m_block * kBlockM;

@@ -1,11 +1,12 @@
 // Pieces shared by the SM80 backward kernels (bwd_kernel.hpp, the main dK/dV
 // kernel; bwd_dq_kernel.hpp, the deterministic mode's dQ kernel; and the
 // convert kernel of bwd_aux_kernels.hpp): the recomputation of P and dS for
-// one (kBlockM, kBlockN) tile, the asynchronous load of a block's LSE and D
-// rows, the dQ accumulator's layout and its vector atomic add, and the
+// one (kBlockM, kBlockN) tile, the asynchronous loads of a block's rows (Q
+// and dO; LSE and D), the dQ accumulator's layout and its vector atomic add, and the
 // staged store of an accumulator tile.
 #pragma once
 
+#include <cute/atom/copy_atom.hpp>
 #include <cute/tensor.hpp>
 
 #include <cstddef>
@@ -86,6 +87,25 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
         }
       }
     }
+  }
+}
+
+// Copies whole rows of a (CPY, CPY_ROWS, CPY_COLS) partition of 16-byte
+// chunks with cp.async, the rows at or past rows_valid zero-filled by the
+// same instruction (a source size of 0 bytes: nothing is read). The main
+// kernel's Q and dO loads use it: with copy_rows_or_zero's separate zero
+// stores (copy.hpp), predicated off on every full block yet issued, that
+// backward ran 3–5 % slower at head dims 128 and 192 and 1–2 % at 96
+// (benchmarks/NOTES.md, "Backward: zero-filling cp.async").
+template <class Element, class Src, class Dst, class Coords>
+CUTE_DEVICE void copy_rows_async_zfill(Src const& src, Dst&& dst, Coords const& coords, int rows_valid) {
+  static_assert(decltype(size<0>(dst))::value * sizeof(Element) == 16, "one 16-byte chunk per copy");
+  Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element> chunk_copy;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    const bool valid = get<0>(coords(0, m, 0)) < rows_valid;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(dst); ++k) copy(chunk_copy.with(valid), src(_, m, k), dst(_, m, k));
   }
 }
 
