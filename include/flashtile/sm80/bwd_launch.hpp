@@ -49,6 +49,16 @@ auto* dkdv_kernel_for(bool varlen, bool dropout) {
                 : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
 }
 
+// The deterministic mode's dQ kernel for a launch: with dropout's code or
+// without (the modified kernels only).
+template <class DqTraits, MaskKind kMask, bool kScoreMod>
+auto* dq_kernel_for(bool dropout) {
+  if constexpr (kScoreMod) {
+    if (dropout) return &bwd_dq_kernel<DqTraits, kMask, true, true>;
+  }
+  return &bwd_dq_kernel<DqTraits, kMask, kScoreMod, false>;
+}
+
 // The backward with explicit tile traits: Traits for the main kernel,
 // DqTraits for the deterministic mode's dQ kernel. kMask must be what
 // resolve_mask() makes of params' causal flag and window (else
@@ -102,8 +112,7 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
                                                            static_cast<float*>(nullptr), dsum);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
-    auto* dq_kernel = kScoreMod && dropout ? &bwd_dq_kernel<DqTraits, kMask, kScoreMod, kScoreMod>
-                                           : &bwd_dq_kernel<DqTraits, kMask, kScoreMod, false>;
+    auto* dq_kernel = dq_kernel_for<DqTraits, kMask, kScoreMod>(dropout);
     err = launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, dq_grid, DqTraits::kNThreads, stream, params, dsum);
     return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
