@@ -576,8 +576,10 @@ int main() {
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdConfig<64, false>>>("bwd d64");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdConfig<64, true>>>("bwd d64 causal");
   check_bwd_config<BwdTraits<96, cutlass::bfloat16_t, BwdConfig<96, false>>>("bwd d96");
+  check_bwd_config<BwdTraits<96, cutlass::bfloat16_t, BwdConfig<96, true>>>("bwd d96 causal");
   check_bwd_config<BwdTraits<128, cutlass::bfloat16_t, BwdConfig<128, false>>>("bwd d128");
   check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, false>>>("bwd d192");
+  check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, true>>>("bwd d192 causal");
   check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdConfig<256, false>>>("bwd d256", kSmemLimitSm90Bytes);
   using flashtile::sm80::BwdDqConfig;
   check_bwd_config<BwdTraits<32, cutlass::bfloat16_t, BwdDqConfig<32>>, true>("bwd dq-kernel d32");

@@ -183,13 +183,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     score_mod.apply_softcap(acc_s);
     if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block, n_block);
     if constexpr (kDropout) {  // with dropout's mask: the main kernel's dS (bwd_kernel.hpp)
-      recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse, smem_dsum, scale_log2, score_mod, m_block * kBlockM,
-                         n_block * kBlockN, q_rows_valid,
+      recompute_p_and_ds(acc_s, acc_dp, tScS, RowsInSmem{smem_lse}, RowsInSmem{smem_dsum}, scale_log2, score_mod,
+                         m_block * kBlockM, n_block * kBlockN, q_rows_valid,
                          dropout.keep_bits_or_all(tScS, m_block * kBlockM, n_block * kBlockN, head),
                          dropout.keep_scale);
     } else {
-      recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse, smem_dsum, scale_log2, score_mod, m_block * kBlockM,
-                         n_block * kBlockN, q_rows_valid);
+      recompute_p_and_ds(acc_s, acc_dp, tScS, RowsInSmem{smem_lse}, RowsInSmem{smem_dsum}, scale_log2, score_mod,
+                         m_block * kBlockM, n_block * kBlockN, q_rows_valid);
     }
     copy(copy_dS, thr_copy_dS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
     __syncthreads();  // dS staged

@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
 
   // Shared memory: Q[2] | dO[2] | K | V | P | dS | LSE[2] | D[2] (dO[1] with
-  // kSingleBufferDo). The tensors below are buffer 0's; buffer 1 of Q, dO,
-  // LSE and D sits one tile further.
+  // kSingleBufferDo; no LSE and D with kRowsInRegs). The tensors below are
+  // buffer 0's; buffer 1 of Q, dO, LSE and D sits one tile further.
   constexpr bool kSingleDo = Traits::kSingleBufferDo;
   constexpr int kDoBuffers = kSingleDo ? 1 : 2;
   Element* smem_q = reinterpret_cast<Element*>(smem);
@@ -195,6 +195,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return make_tuple(head_k * group + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);
   };
 
+  // The S/dP product's partition; the thread's (row, col) in its tile.
+  typename Traits::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeS{}));  // (MMA, MMA_M, MMA_N) -> (row, col)
+  // With BwdConfig::kRowsInRegs, a block's LSE and D rows come from global
+  // memory straight into the registers of the threads that use them: issued
+  // with the block's other loads into *_next, moved to *_rows when the block
+  // starts. Otherwise they are staged in shared memory (smem_lse, smem_dsum).
+  constexpr bool kRowsInRegs = Traits::kRowsInRegs;
+  constexpr int kThreadRows = decltype(size<0>(rowcol_view(tScS)))::value;
+  RowsInRegs<kThreadRows> lse_rows, dsum_rows, lse_next, dsum_next;
+
   // Issues the loads of iteration `it`'s dO (when with_do) and Q, LSE and D
   // (when with_q) into buffer `buf` (dO: its one buffer with kSingleBufferDo).
   auto load_query_block = [&](int it, int buf, bool with_q, bool with_do) {
@@ -217,10 +229,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     if (!with_q) return;
     const int64_t row_offset = seq.row_index(params, head) + m_block * kBlockM;
-    using RowCopy = typename Traits::RowCopyAtom;
-    load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
-    load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum + buf * kBlockM, q_rows_valid,
-                             tid - kBlockM);
+    if constexpr (kRowsInRegs) {
+      // Rows past the sequence read 0, as the shared-memory rows' zero fill.
+      Tensor rows = rowcol_view(tScS);  // (rows, cols) -> (row, col)
+      CUTE_UNROLL
+      for (int mi = 0; mi < kThreadRows; ++mi) {
+        const int row = get<0>(rows(mi, 0));
+        lse_next.values[mi] = row < q_rows_valid ? params.lse[row_offset + row] : 0.f;
+        dsum_next.values[mi] = row < q_rows_valid ? dsum[row_offset + row] : 0.f;
+      }
+    } else {
+      using RowCopy = typename Traits::RowCopyAtom;
+      load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
+      load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum + buf * kBlockM, q_rows_valid,
+                               tid - kBlockM);
+    }
+  };
+  // Block `buf`'s LSE or D rows as recompute_p_and_ds reads them.
+  auto block_rows = [&](RowsInRegs<kThreadRows> const& regs, const float* smem_rows, int buf) {
+    if constexpr (kRowsInRegs) {
+      return regs;
+    } else {
+      return RowsInSmem{smem_rows + buf * kBlockM};
+    }
   };
 
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), tKVcKV,
@@ -230,11 +261,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   if (iterations > 0) load_query_block(0, 0, true, true);
   cp_async_fence();
 
-  // The three products' partitions.
-  typename Traits::TiledMmaSdP mma_sdp;
+  // The other two products' partitions.
   typename Traits::TiledMmadKV mma_dkv;
   typename Traits::TiledMmadQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
 
@@ -271,8 +300,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tPsP = thr_copy_PdS.partition_D(sP);      // (CPY, CPY_M, CPY_N)
   Tensor tdSsdS = thr_copy_PdS.partition_D(sdS);   // (CPY, CPY_M, CPY_N)
 
-  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeS{}));               // (MMA, MMA_M, MMA_N) -> (row, col)
-
   Tensor acc_dk = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
   clear(acc_dk);
@@ -287,6 +314,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Block `it` has landed; every warp has finished block it−1, so the
     // other buffer, P and dS are free.
     __syncthreads();
+    if constexpr (kRowsInRegs) {  // before the next block's loads overwrite *_next
+      lse_rows = lse_next;
+      dsum_rows = dsum_next;
+    }
     if (it + 1 < iterations) load_query_block(it + 1, buf ^ 1, true, !kSingleDo);
     cp_async_fence();
     const int do_buf = kSingleDo ? 0 : buf;
@@ -306,14 +337,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
     // Dropout code only in the kDropout kernels (common/dropout.hpp says why).
     if constexpr (kDropout) {
-      recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM, scale_log2,
-                         mod_of_head(head), m_block * kBlockM, n_block * kBlockN, seqlen_q - m_block * kBlockM,
+      recompute_p_and_ds(acc_s, acc_dp, tScS, block_rows(lse_rows, smem_lse, buf),
+                         block_rows(dsum_rows, smem_dsum, buf), scale_log2, mod_of_head(head), m_block * kBlockM,
+                         n_block * kBlockN, seqlen_q - m_block * kBlockM,
                          dropout.keep_bits_or_all(tScS, m_block * kBlockM, n_block * kBlockN, head),
                          dropout.keep_scale);
     } else {
-      recompute_p_and_ds(acc_s, acc_dp, tScS, smem_lse + buf * kBlockM, smem_dsum + buf * kBlockM,
-                         scale_log2, mod_of_head(head), m_block * kBlockM, n_block * kBlockN,
-                         seqlen_q - m_block * kBlockM);
+      recompute_p_and_ds(acc_s, acc_dp, tScS, block_rows(lse_rows, smem_lse, buf),
+                         block_rows(dsum_rows, smem_dsum, buf), scale_log2, mod_of_head(head), m_block * kBlockM,
+                         n_block * kBlockN, seqlen_q - m_block * kBlockM);
     }
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);

@@ -24,8 +24,9 @@ using namespace cute;
 // S and dP accumulators. Masked scores must already be −inf (P = 0).
 //   acc_s, acc_dp: (MMA, MMA_M, MMA_N) fragments of the tile
 //   coords: the same partition of an identity tensor, giving (row, col)
-//   lse, dsum: the tile's kBlockM rows of the forward's LSE (natural log) and
-//   of rowsum(dO ∘ O), in shared memory
+//   lse, dsum: the forward's LSE (natural log) and rowsum(dO ∘ O) of the
+//   thread's rows, as callables (mi, row) -> float: mi indexes the rows of
+//   rowcol_view(acc_s), row is the tile row (RowsInSmem, RowsInRegs)
 //   mod, row0, col0: the score modifiers and the tile's first row and column.
 //   With softcap, S holds t = tanh(·) (ScoreMod::apply_softcap, before the
 //   mask) and dS gains the chain rule's 1 − t²; ALiBi's bias is added here.
@@ -37,9 +38,9 @@ using namespace cute;
 //   tile (Dropout::keep_bits_or_all) and the scale of a kept score. With the
 //   mask Z, dS = P ∘ (dP ∘ Z·s − D) and S becomes P ∘ Z·s, the P the forward
 //   multiplied V by (for dV).
-template <class AccS, class AccDP, class Coords, class Mod, class Keep = std::nullptr_t>
-CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords, const float* lse,
-                                    const float* dsum, float scale_log2, Mod const& mod, int row0, int col0,
+template <class AccS, class AccDP, class Coords, class RowsLse, class RowsD, class Mod, class Keep = std::nullptr_t>
+CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& coords, RowsLse const& lse,
+                                    RowsD const& dsum, float scale_log2, Mod const& mod, int row0, int col0,
                                     int rows_valid, Keep const& keep = nullptr, float keep_scale = 1.f) {
   static_assert(Mod::kIsEnabled || std::is_same_v<Keep, std::nullptr_t>, "dropout only in the modified kernels");
   Tensor s = rowcol_view(acc_s);      // (rows, cols)
@@ -58,10 +59,10 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
     // masked; +inf keeps its P at exp2(−inf) = 0 instead of NaN. (A row with a
     // +inf score has lse = +inf: its P is NaN at the +inf scores and 0 at the
     // others, as in tests/reference.py.)
-    const float row_lse = lse[row];
+    const float row_lse = lse(mi, row);
     const bool no_p = row_lse == -INFINITY || (Mod::kIsEnabled && row >= rows_valid);
     const float row_lse_log2 = no_p ? INFINITY : row_lse * float(M_LOG2E);
-    const float row_dsum = dsum[row];
+    const float row_dsum = dsum(mi, row);
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) {
       if constexpr (!Mod::kIsEnabled) {
@@ -89,6 +90,19 @@ CUTE_DEVICE void recompute_p_and_ds(AccS& acc_s, AccDP& acc_dp, Coords const& co
     }
   }
 }
+
+// A block's LSE or D rows as recompute_p_and_ds reads them: from the
+// kBlockM values staged in shared memory, by tile row ...
+struct RowsInSmem {
+  const float* rows;
+  CUTE_DEVICE float operator()(int, int row) const { return rows[row]; }
+};
+// ... or from the thread's own rows, held in registers (BwdConfig::kRowsInRegs).
+template <int kThreadRows>
+struct RowsInRegs {
+  float values[kThreadRows];
+  CUTE_DEVICE float operator()(int mi, int) const { return values[mi]; }
+};
 
 // Copies whole rows of a (CPY, CPY_ROWS, CPY_COLS) partition of 16-byte
 // chunks with cp.async, the rows at or past rows_valid zero-filled by the

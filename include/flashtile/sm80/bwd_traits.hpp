@@ -29,7 +29,9 @@ using namespace cute;
 // and 6–10 % causal (1k–16k); its S/dP warps laid out 4 × 2 beat 2 × 4 by
 // 0–1 % non-causal and 12–18 % causal (where 2 × 4 spills 20–24 bytes).
 // kVInRegs: the dP = dO·Vᵀ product takes V from registers, loaded once per
-// CTA, instead of from shared memory every query block.
+// CTA, instead of from shared memory every query block. kRowsInRegs: each
+// query block's LSE and D rows go from global memory into the registers of
+// the threads that use them, instead of through shared memory.
 template <int kHeadDim, bool kIsCausal>
 struct BwdConfig;
 template <bool kIsCausal>
@@ -38,6 +40,7 @@ struct BwdConfig<64, kIsCausal> {
   static constexpr int kAtomMSdP = 4, kAtomNdKV = 4, kAtomMdQ = 4;
   static constexpr bool kSingleBufferDo = false;  // see BwdConfig<192>
   static constexpr bool kVInRegs = false;
+  static constexpr bool kRowsInRegs = false;
 };
 template <bool kIsCausal>
 struct BwdConfig<128, kIsCausal> {
@@ -45,6 +48,7 @@ struct BwdConfig<128, kIsCausal> {
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 2;
   static constexpr bool kSingleBufferDo = false;
   static constexpr bool kVInRegs = false;
+  static constexpr bool kRowsInRegs = false;
 };
 // 32: V in registers (16 per thread) measured +1.4–3 % non-causal and +2–3 %
 // causal at 1k–16k on the H200; at 96 (48 per thread) it was within ±1 %
@@ -55,13 +59,18 @@ struct BwdConfig<32, kIsCausal> : BwdConfig<64, kIsCausal> {
   static constexpr bool kVInRegs = true;
 };
 // 96: as 128, but the dQ product's warps 4 × 2, so its 32-column tile
-// divides 96.
+// divides 96. Without a mask, the S/dP warps 4 × 2 too, dO in one buffer
+// and LSE, D in registers: +3.2–3.8 % at 1k–16k on the H200 (+2.3–2.9 %
+// without the registers); the same shape costs causal 2–3 %, so causal keeps
+// 2 × 4, two dO buffers and the rows in shared memory (benchmarks/NOTES.md,
+// "Backward: tile shapes per mask").
 template <bool kIsCausal>
 struct BwdConfig<96, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 128, kNWarps = 8;
-  static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = 4;
-  static constexpr bool kSingleBufferDo = false;
+  static constexpr int kAtomMSdP = kIsCausal ? 2 : 4, kAtomNdKV = 4, kAtomMdQ = 4;
+  static constexpr bool kSingleBufferDo = !kIsCausal;
   static constexpr bool kVInRegs = false;
+  static constexpr bool kRowsInRegs = !kIsCausal;
 };
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
 // thread, so keys come in blocks of 64; shared memory is 137 and 209 KB (the
@@ -70,11 +79,13 @@ template <bool kIsCausal>
 struct BwdConfig<192, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
   static constexpr int kAtomMSdP = 4, kAtomNdKV = 2, kAtomMdQ = 2;
-  // dO in one buffer, loaded after the dV product (bwd_kernel.hpp): 137
-  // instead of 161 KB and 12–16 instead of 60–64 bytes of spill; +2 %
-  // non-causal, 0 causal at 1k–16k on the H200 (benchmarks/NOTES.md).
-  static constexpr bool kSingleBufferDo = true;
+  // Without a mask, dO in one buffer, loaded after the dV product
+  // (bwd_kernel.hpp): 137 instead of 161 KB, 12 instead of 60 bytes of
+  // spill, +3 % at 1k–16k on the H200. Causal runs 3 % faster with two
+  // (benchmarks/NOTES.md, "Backward: tile shapes per mask").
+  static constexpr bool kSingleBufferDo = !kIsCausal;
   static constexpr bool kVInRegs = false;
+  static constexpr bool kRowsInRegs = false;
 };
 // 256 keeps dO double-buffered: single, it ran 6–7 % slower non-causal and
 // 2–4 % causal (1k–16k, H200).
@@ -96,6 +107,7 @@ struct BwdDqConfig {
   static constexpr int kAtomMSdP = 2, kAtomNdKV = 4, kAtomMdQ = kHeadDim % 64 == 0 ? 2 : 4;
   static constexpr bool kSingleBufferDo = false;  // the dQ kernel has its own layout
   static constexpr bool kVInRegs = false;          // the dQ kernel streams V
+  static constexpr bool kRowsInRegs = false;       // and stages LSE and D in shared memory
 };
 
 template <int kHeadDim_, class Element_, class Config_>
@@ -146,8 +158,9 @@ struct BwdTraits {
   // dS single.
   static constexpr bool kSingleBufferDo = Config::kSingleBufferDo;
   static constexpr bool kVInRegs = Config::kVInRegs;
+  static constexpr bool kRowsInRegs = Config::kRowsInRegs;
   static constexpr int kSmemBytes = (kSingleBufferDo ? 3 : 4) * kSmemQBytes + 2 * kSmemKVBytes +
-                                    2 * kSmemPdSBytes + 4 * kSmemRowsBytes;
+                                    2 * kSmemPdSBytes + (kRowsInRegs ? 0 : 4 * kSmemRowsBytes);
   // dQ kernel: Q, dO, LSE, D single, K and V double-buffered, dS.
   static constexpr int kSmemDqBytes =
       2 * kSmemQBytes + 4 * kSmemKVBytes + kSmemPdSBytes + 2 * kSmemRowsBytes;
