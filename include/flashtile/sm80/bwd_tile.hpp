@@ -1,9 +1,10 @@
 // Pieces shared by the SM80 backward kernels (bwd_kernel.hpp, the main dK/dV
 // kernel; bwd_dq_kernel.hpp, the deterministic mode's dQ kernel; and the
 // convert kernel of bwd_aux_kernels.hpp): the recomputation of P and dS for
-// one (kBlockM, kBlockN) tile, the asynchronous loads of a block's rows (Q
-// and dO; LSE and D), the dQ accumulator's layout and its vector atomic add, and the
-// staged store of an accumulator tile.
+// one (kBlockM, kBlockN) tile and the two ways it reads a block's LSE and D
+// rows (shared memory or registers), the asynchronous loads of a block's
+// rows (Q and dO; LSE and D), the dQ accumulator's layout and its vector
+// atomic add, and the staged store of an accumulator tile.
 #pragma once
 
 #include <cute/atom/copy_atom.hpp>

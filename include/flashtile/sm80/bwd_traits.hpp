@@ -73,8 +73,9 @@ struct BwdConfig<96, kIsCausal> {
   static constexpr bool kRowsInRegs = !kIsCausal;
 };
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
-// thread, so keys come in blocks of 64; shared memory is 137 and 209 KB (the
-// H100/H200's 227 KB per block; sm80's 163 KB is too little for 256).
+// thread, so keys come in blocks of 64; shared memory is 137 KB (192, one
+// dO buffer), 161 KB (192 causal, two) and 209 KB (256) (the H100/H200's
+// 227 KB per block; sm80's 163 KB is too little for 256).
 template <bool kIsCausal>
 struct BwdConfig<192, kIsCausal> {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
