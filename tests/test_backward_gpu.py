@@ -464,6 +464,65 @@ def test_backward_kernel_not_built_is_named():
 
 
 # --------------------------------------------------------------------------
+# the wgmma backward (include/flashtile/sm90/)
+# --------------------------------------------------------------------------
+
+SM90_BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn, variant in BUILT_KERNELS
+                               if direction == "bwd" and arch == "sm90" and variant == "plain"}))
+
+
+def require_sm90_backward():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the wgmma backward runs on compute capability 9.0, this GPU is "
+                    f"{torch.cuda.get_device_capability()}")
+    if not SM90_BWD_BUILT:
+        pytest.skip("this build has no sm90 backward kernel (FLASHTILE_CUDA_ARCHS without 90a)")
+
+
+def backward_kernel_names(q, k, v, causal, deterministic=False):
+    """The CUDA kernels one forward + backward launches, by name."""
+    out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    dout = torch.randn_like(out)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
+    """On an sm90 device the plain backward of an sm90-built head dim runs the
+    wgmma main kernel, and every other head dim the sm80 one; the other tests
+    of this file then check the wgmma kernel's gradients at those head dims."""
+    require_sm90_backward()
+    for head_dim, name in SM90_BWD_BUILT:
+        q, k, v = rand_qkv(1, 200, 200, 2, 2, head_dim, DTYPES[name])
+        names = backward_kernel_names(q, k, v, causal, deterministic)
+        assert any("flashtile::sm90::bwd_dkdv_kernel" in n for n in names), names
+        assert not any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
+    others = [combo for combo in BWD_BUILT if combo not in SM90_BWD_BUILT and combo in FWD_BUILT]
+    if others:
+        head_dim, name = others[0]
+        q, k, v = rand_qkv(1, 200, 200, 2, 2, head_dim, DTYPES[name])
+        names = backward_kernel_names(q, k, v, causal, deterministic)
+        assert any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLEN_PAIRS)
+def test_sm90_backward_seqlens(seqlen_q, seqlen_k, causal, deterministic):
+    """test_grads_seqlens at the wgmma backward's head dims: partial and
+    single blocks, more queries than keys and the reverse."""
+    require_sm90_backward()
+    for head_dim, name in SM90_BWD_BUILT:
+        q, k, v = rand_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, DTYPES[name])
+        run_and_check(q, k, v, causal, deterministic=deterministic)
+
+
+# --------------------------------------------------------------------------
 # memory: activations linear in seqlen
 # --------------------------------------------------------------------------
 

@@ -212,13 +212,26 @@ Variant variant_for(const Params& p) {
   return uses_score_mod(p) ? Variant::kScoreMod : Variant::kPlain;
 }
 
-// Runs the backward registered for (sm80 path, head_dim, dtype, variant).
-// Needs params.workspace of bwd_workspace_bytes(params) bytes.
+// Whether the current device runs sm90a code (compute capability 9.0).
+inline bool device_is_sm90() {
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
+// Runs the backward registered for (head_dim, dtype, variant): on an sm90
+// device the wgmma path's where one is built (registry.hpp: plain, some head
+// dims), else the sm80 path's. Needs params.workspace of
+// bwd_workspace_bytes(params) bytes.
 inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_bwd(p);
   if (ok != Status::kSuccess) return ok;
-  const BwdLauncher launch =
-      KernelRegistry::instance().find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
+  const KernelRegistry& registry = KernelRegistry::instance();
+  BwdLauncher launch = nullptr;
+  if (device_is_sm90()) launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
+  if (!launch) launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
 }

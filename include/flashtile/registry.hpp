@@ -15,7 +15,9 @@ namespace flashtile {
 
 enum class Direction : int { kFwd = 0, kBwd = 1 };
 // kSm80 is the mma.sync / cp.async path: it runs on sm80 and every newer arch.
-enum class Arch : int { kSm80 = 0 };
+// kSm90 is the wgmma path (sm90/): its sm90a code runs on compute capability
+// 9.0 (H100, H200) only, and exists for the plain backward of some head dims.
+enum class Arch : int { kSm80 = 0, kSm90 = 1 };
 
 // kScoreMod kernels apply softcap, ALiBi and dropout (common/score_mod.hpp,
 // common/dropout.hpp) and write the forward's testing-only attn_probs; kPlain
@@ -24,7 +26,7 @@ enum class Variant : int { kPlain = 0, kScoreMod = 1 };
 
 inline const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "bwd"; }
 inline const char* variant_name(Variant v) { return v == Variant::kPlain ? "plain" : "scoremod"; }
-inline const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "?"; }
+inline const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : a == Arch::kSm90 ? "sm90" : "?"; }
 
 struct KernelKey {
   Direction direction;

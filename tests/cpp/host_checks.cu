@@ -21,6 +21,7 @@
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
+#include "flashtile/sm90/bwd_launch.hpp"
 #include "flashtile/workspace.hpp"
 
 using namespace cute;
@@ -271,23 +272,111 @@ void check_fwd_config(const char* config, int smem_limit = kSmemLimitAllBytes) {
   expect(operand_ok, config, "S accumulator reinterpreted as the A operand of P·V");
 }
 
+// A shared-memory layout over element offsets. The SM90 (GMMA) layouts keep
+// their swizzle beside a pointer flag, in byte units, for a shared-memory
+// pointer to apply; here it is applied to offsets into a host buffer.
+template <class Layout>
+auto element_layout(Layout layout) {
+  return layout;
+}
+template <class SwizzleFn, int kBits, class Layout>
+auto element_layout(ComposedLayout<SwizzleFn, smem_ptr_flag_bits<kBits>, Layout> layout) {
+  return as_position_independent_swizzle_layout(layout);
+}
+
+// The fp32 dQ accumulator's per-block layout (dq_accum_offset): every
+// (thread, value) of the dQ product gets its own slot in [0, kM·kD), which
+// the main kernel's atomic adds and the convert kernel both rely on.
+template <class Traits>
+void check_bwd_dq_accum(const char* config) {
+  constexpr int kM = Traits::kBlockM, kD = Traits::kHeadDim;
+  constexpr int kThreads = Traits::kNThreads;
+  typename Traits::TiledMmadQ mma_dq;
+  constexpr int kValues = decltype(size(partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kD>>{})))::value;
+  auto bijective = [&](auto offset_of) {
+    std::vector<int> hits(kM * kD, 0);
+    bool ok = true;
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kValues; ++i) {
+        const int offset = offset_of(t, i);
+        ok &= offset >= 0 && offset < kM * kD;
+        if (offset >= 0 && offset < kM * kD) ++hits[offset];
+      }
+    }
+    for (int h : hits) ok &= h == 1;
+    return ok;
+  };
+  // Both layouts: 4-value vectors (sm90) and scalars (sm80).
+  const bool once = kValues % 4 == 0 &&
+                    bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 4>(t, i); }) &&
+                    bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 1>(t, i); });
+  expect(once, config, "dQ accumulator layout is a bijection onto the block");
+}
+
+// The SM80 kernels' ldmatrix partitions and dropout's score groups.
+template <class Traits, bool kDqKernel, class SQ, class SK, class SP, class SQt, class SKt, class SPt>
+void check_bwd_ldmatrix(const char* config, SQ const& sQ, SK const& sK, SP const& sP, SQt const& sQt,
+                        SKt const& sKt, SPt const& sPt) {
+  using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN;
+  const Element* q_buf = sQ.data();
+  const Element* kv_buf = sK.data();
+  const Element* pds_buf = sP.data();
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  expect(dropout_groups_match<typename Traits::TiledMmaSdP>(kM, kN), config,
+         "S atoms are dropout's four-score groups");
+
+  using Ldsm = typename Traits::SmemCopyAtom;
+  using LdsmT = typename Traits::SmemCopyAtomTransposed;
+  auto sdp_a = make_tiled_copy_A(Ldsm{}, mma_sdp);
+  auto sdp_b = make_tiled_copy_B(Ldsm{}, mma_sdp);
+  auto dkv_a = make_tiled_copy_A(LdsmT{}, mma_dkv);
+  auto dkv_b = make_tiled_copy_B(LdsmT{}, mma_dkv);
+  auto dq_a = make_tiled_copy_A(Ldsm{}, mma_dq);
+  auto dq_b = make_tiled_copy_B(LdsmT{}, mma_dq);
+  expect(vector_accesses_conflict_free(q_buf, [&](int t) { return sdp_a.get_slice(t).partition_S(sQ); }),
+         config, "ldmatrix of Q/dO (S, dP) is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf, [&](int t) { return sdp_b.get_slice(t).partition_S(sK); }),
+         config, "ldmatrix of K/V (S, dP) is conflict-free");
+  expect(vector_accesses_conflict_free(pds_buf, [&](int t) { return dkv_a.get_slice(t).partition_S(sPt); }),
+         config, "ldmatrix.trans of P/dS (dV, dK) is conflict-free");
+  expect(vector_accesses_conflict_free(q_buf, [&](int t) { return dkv_b.get_slice(t).partition_S(sQt); }),
+         config, "ldmatrix.trans of dO/Q (dV, dK) is conflict-free");
+  expect(vector_accesses_conflict_free(pds_buf, [&](int t) { return dq_a.get_slice(t).partition_S(sP); }),
+         config, "ldmatrix of dS (dQ) is conflict-free");
+  expect(vector_accesses_conflict_free(kv_buf, [&](int t) { return dq_b.get_slice(t).partition_S(sKt); }),
+         config, "ldmatrix.trans of K (dQ) is conflict-free");
+
+  if constexpr (!kDqKernel) check_bwd_dq_accum<Traits>(config);
+}
+
 // kDqKernel: the tiles of the deterministic mode's dQ kernel, whose shared
-// memory is kSmemDqBytes; otherwise the main kernel's (kSmemBytes).
+// memory is kSmemDqBytes; otherwise the main kernel's (kSmemBytes). The
+// SM90 (wgmma) traits have no ldmatrix partitions to check.
 template <class Traits, bool kDqKernel = false>
 void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) {
   using Element = typename Traits::Element;
   constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kD = Traits::kHeadDim;
   constexpr int kThreads = Traits::kNThreads;
-  expect((kDqKernel ? Traits::kSmemDqBytes : Traits::kSmemBytes) <= smem_limit, config,
+  constexpr int kSmemBytes = [] {
+    if constexpr (kDqKernel) {
+      return Traits::kSmemDqBytes;
+    } else {
+      return Traits::kSmemBytes;
+    }
+  }();
+  expect(kSmemBytes <= smem_limit, config,
          "shared memory within its targets' limit");
 
   std::vector<Element> q_buf(kM * kD), kv_buf(kN * kD), pds_buf(kM * kN);
-  auto sQ = make_tensor(q_buf.data(), typename Traits::SmemLayoutQ{});        // (kM, kD)
-  auto sK = make_tensor(kv_buf.data(), typename Traits::SmemLayoutKV{});      // (kN, kD)
-  auto sP = make_tensor(pds_buf.data(), typename Traits::SmemLayoutPdS{});    // (kM, kN)
-  auto sQt = make_tensor(q_buf.data(), typename Traits::SmemLayoutQt{});      // (kD, kM)
-  auto sKt = make_tensor(kv_buf.data(), typename Traits::SmemLayoutKt{});     // (kD, kN)
-  auto sPt = make_tensor(pds_buf.data(), typename Traits::SmemLayoutPdSt{});  // (kN, kM)
+  auto sQ = make_tensor(q_buf.data(), element_layout(typename Traits::SmemLayoutQ{}));        // (kM, kD)
+  auto sK = make_tensor(kv_buf.data(), element_layout(typename Traits::SmemLayoutKV{}));      // (kN, kD)
+  auto sP = make_tensor(pds_buf.data(), element_layout(typename Traits::SmemLayoutPdS{}));    // (kM, kN)
+  auto sQt = make_tensor(q_buf.data(), element_layout(typename Traits::SmemLayoutQt{}));      // (kD, kM)
+  auto sKt = make_tensor(kv_buf.data(), element_layout(typename Traits::SmemLayoutKt{}));     // (kD, kN)
+  auto sPt = make_tensor(pds_buf.data(), element_layout(typename Traits::SmemLayoutPdSt{}));  // (kN, kM)
   bool transposes = true;
   for (int m = 0; m < kM; ++m) {
     for (int d = 0; d < kD; ++d) transposes &= &sQt(d, m) == &sQ(m, d);
@@ -334,53 +423,12 @@ void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) 
            return mma_dq.get_slice(t).partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
          }),
          config, "dQ accumulators cover the tile once");
-  expect(dropout_groups_match<typename Traits::TiledMmaSdP>(kM, kN), config,
-         "S atoms are dropout's four-score groups");
-
-  using Ldsm = typename Traits::SmemCopyAtom;
-  using LdsmT = typename Traits::SmemCopyAtomTransposed;
-  auto sdp_a = make_tiled_copy_A(Ldsm{}, mma_sdp);
-  auto sdp_b = make_tiled_copy_B(Ldsm{}, mma_sdp);
-  auto dkv_a = make_tiled_copy_A(LdsmT{}, mma_dkv);
-  auto dkv_b = make_tiled_copy_B(LdsmT{}, mma_dkv);
-  auto dq_a = make_tiled_copy_A(Ldsm{}, mma_dq);
-  auto dq_b = make_tiled_copy_B(LdsmT{}, mma_dq);
-  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return sdp_a.get_slice(t).partition_S(sQ); }),
-         config, "ldmatrix of Q/dO (S, dP) is conflict-free");
-  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return sdp_b.get_slice(t).partition_S(sK); }),
-         config, "ldmatrix of K/V (S, dP) is conflict-free");
-  expect(vector_accesses_conflict_free(pds_buf.data(), [&](int t) { return dkv_a.get_slice(t).partition_S(sPt); }),
-         config, "ldmatrix.trans of P/dS (dV, dK) is conflict-free");
-  expect(vector_accesses_conflict_free(q_buf.data(), [&](int t) { return dkv_b.get_slice(t).partition_S(sQt); }),
-         config, "ldmatrix.trans of dO/Q (dV, dK) is conflict-free");
-  expect(vector_accesses_conflict_free(pds_buf.data(), [&](int t) { return dq_a.get_slice(t).partition_S(sP); }),
-         config, "ldmatrix of dS (dQ) is conflict-free");
-  expect(vector_accesses_conflict_free(kv_buf.data(), [&](int t) { return dq_b.get_slice(t).partition_S(sKt); }),
-         config, "ldmatrix.trans of K (dQ) is conflict-free");
-
-  if constexpr (!kDqKernel) {
-    // The fp32 dQ accumulator's per-block layout (dq_accum_offset): every
-    // (thread, value) of the dQ product gets its own slot in [0, kM·kD), which
-    // the main kernel's atomic adds and the convert kernel both rely on.
-    constexpr int kValues = decltype(size(partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kD>>{})))::value;
-    auto bijective = [&](auto offset_of) {
-      std::vector<int> hits(kM * kD, 0);
-      bool ok = true;
-      for (int t = 0; t < kThreads; ++t) {
-        for (int i = 0; i < kValues; ++i) {
-          const int offset = offset_of(t, i);
-          ok &= offset >= 0 && offset < kM * kD;
-          if (offset >= 0 && offset < kM * kD) ++hits[offset];
-        }
-      }
-      for (int h : hits) ok &= h == 1;
-      return ok;
-    };
-    // Both layouts: 4-value vectors (sm90) and scalars (sm80).
-    const bool once = kValues % 4 == 0 &&
-                      bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 4>(t, i); }) &&
-                      bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 1>(t, i); });
-    expect(once, config, "dQ accumulator layout is a bijection onto the block");
+  if constexpr (Traits::kWgmma) {
+    // wgmma reads its operands through descriptors: no ldmatrix partitions,
+    // and the dropout kernels stay on the SM80 path.
+    check_bwd_dq_accum<Traits>(config);
+  } else {
+    check_bwd_ldmatrix<Traits, kDqKernel>(config, sQ, sK, sP, sQt, sKt, sPt);
   }
 
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
@@ -581,6 +629,9 @@ int main() {
   check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, false>>>("bwd d192");
   check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, true>>>("bwd d192 causal");
   check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdConfig<256, false>>>("bwd d256", kSmemLimitSm90Bytes);
+  using Sm90Bwd192 = flashtile::sm90::BwdTraitsFor<192, cutlass::bfloat16_t>;
+  check_bwd_config<Sm90Bwd192::type<false>>("bwd sm90 d192", kSmemLimitSm90Bytes);
+  check_bwd_config<Sm90Bwd192::type<true>>("bwd sm90 d192 causal", kSmemLimitSm90Bytes);
   using flashtile::sm80::BwdDqConfig;
   check_bwd_config<BwdTraits<32, cutlass::bfloat16_t, BwdDqConfig<32>>, true>("bwd dq-kernel d32");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdDqConfig<64>>, true>("bwd dq-kernel d64");

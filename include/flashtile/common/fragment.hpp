@@ -14,13 +14,21 @@ namespace flashtile {
 using namespace cute;
 
 // ((2, 2), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)): a (row, col) view.
+// A wgmma (SM90) accumulator has the value mode (2, 2, N / 8): the same
+// column pair and row step, then the atom's n8 column tiles, which join the
+// column mode: ((2, 2, N / 8), MMA_M, MMA_N) -> ((2, MMA_M), ((2, N / 8), MMA_N)).
 template <class Layout>
 CUTE_HOST_DEVICE constexpr auto rowcol_layout(Layout acc) {
   static_assert(decltype(rank(acc))::value == 3);
-  static_assert(decltype(size<0>(acc))::value == 4);
-  auto value = get<0>(acc);  // (2, 2)
-  return make_layout(make_layout(get<1>(value), get<1>(acc)),
-                     make_layout(get<0>(value), get<2>(acc)));
+  auto value = get<0>(acc);  // (2, 2) or (2, 2, N / 8)
+  static_assert(decltype(size<0>(value))::value == 2 && decltype(size<1>(value))::value == 2);
+  if constexpr (decltype(rank(value))::value == 2) {
+    return make_layout(make_layout(get<1>(value), get<1>(acc)), make_layout(get<0>(value), get<2>(acc)));
+  } else {
+    static_assert(decltype(rank(value))::value == 3);
+    return make_layout(make_layout(get<1>(value), get<1>(acc)),
+                       make_layout(make_layout(get<0>(value), get<2>(value)), get<2>(acc)));
+  }
 }
 
 template <class Tensor_>

@@ -16,6 +16,7 @@
 #include "flashtile/sm80/bwd_kernel.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/device.hpp"
+#include "flashtile/sm90/bwd_kernel.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 
@@ -34,19 +35,26 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
   return cudaPeekAtLastError();  // left set, so the caller can read the cause
 }
 
-// The main kernel's instantiation for a launch: dQ by atomics or not (the
-// deterministic mode), fixed-length or varlen, with dropout's code or
-// without (the modified kernels only).
+// The main kernel's instantiation for a launch: the wgmma kernel
+// (sm90/bwd_kernel.hpp) for the SM90 path's traits, else this path's; dQ by
+// atomics or not (the deterministic mode), fixed-length or varlen, with
+// dropout's code or without (the modified kernels only).
 template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
 auto* dkdv_kernel_for(bool varlen, bool dropout) {
-  if constexpr (kScoreMod) {
-    if (dropout) {
-      return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, true>
-                    : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, false>;
+  if constexpr (Traits::kWgmma) {
+    static_assert(!kScoreMod, "the wgmma kernel is plain attention only");
+    return varlen ? &sm90::bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true>
+                  : &sm90::bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, false>;
+  } else {
+    if constexpr (kScoreMod) {
+      if (dropout) {
+        return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, true>
+                      : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, false>;
+      }
     }
+    return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
+                  : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
   }
-  return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
-                : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
 }
 
 // The deterministic mode's dQ kernel for a launch: with dropout's code or
@@ -127,25 +135,37 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
+// The main kernel's traits for each mask of one (head dim, dtype): no mask
+// uses BwdConfig<kHeadDim, false>, causal and local BwdConfig<kHeadDim, true>.
+template <int kHeadDim, class Element>
+struct BwdTraitsFor {
+  template <bool kIsCausal>
+  using type = BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, kIsCausal>>;
+};
+
+// run_bwd_with for the mask that params ask for, with MainTraits<kIsCausal>
+// (as BwdTraitsFor) for the main kernel.
+template <template <bool> class MainTraits, class DqTraits, bool kScoreMod>
+Status run_bwd_for_mask(const BwdParams& params, cudaStream_t stream) {
+  int window_left = params.window_left, window_right = params.window_right;
+  switch (resolve_mask(params.causal, window_left, window_right)) {
+    case MaskKind::kNone:
+      return run_bwd_with<MainTraits<false>, DqTraits, MaskKind::kNone, kScoreMod>(params, stream);
+    case MaskKind::kCausal:
+      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kCausal, kScoreMod>(params, stream);
+    default:
+      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kLocal, kScoreMod>(params, stream);
+  }
+}
+
 // Entry point a generated kernels/ file instantiates and registers. Assumes
 // can_implement_bwd(params) passed. kScoreMod: the kernels that apply
 // softcap, ALiBi and dropout (common/score_mod.hpp, common/dropout.hpp); the
 // others refuse params that ask for any of them.
 template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
-  using DqTraits = BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>;
-  int window_left = params.window_left, window_right = params.window_right;
-  switch (resolve_mask(params.causal, window_left, window_right)) {
-    case MaskKind::kNone:
-      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, false>>, DqTraits, MaskKind::kNone, kScoreMod>(
-          params, stream);
-    case MaskKind::kCausal:
-      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kCausal, kScoreMod>(
-          params, stream);
-    default:
-      return run_bwd_with<BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, true>>, DqTraits, MaskKind::kLocal, kScoreMod>(
-          params, stream);
-  }
+  return run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
+                          BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>, kScoreMod>(params, stream);
 }
 
 }  // namespace flashtile::sm80

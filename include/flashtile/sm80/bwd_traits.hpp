@@ -122,6 +122,7 @@ struct BwdTraits {
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kNWarps = Config::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
+  static constexpr bool kWgmma = false;  // mma.sync products (sm90/bwd_traits.hpp: wgmma)
   static_assert(kHeadDim % 32 == 0 && kBlockN % 64 == 0, "swizzle atoms tile whole rows (smem_layout.hpp)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,

@@ -36,16 +36,19 @@ using SmemLayoutTile = decltype(tile_to_shape(SmemLayoutAtomFor<kCols>{}, Shape<
 template <class Layout_, int kRows, int kCols>
 using TransposedLayout = decltype(composition(Layout_{}, make_layout(Shape<Int<kCols>, Int<kRows>>{}, GenRowMajor{})));
 
-// kNThreads threads moving (rows, kCols) tiles in 16-byte vectors: each atom
-// row (32 or 64 columns) is one group of consecutive threads, so a warp moves
-// whole contiguous row segments. CopyOp: cp.async for loads, a 16-byte
-// register copy for stores.
-template <class CopyOp, class Element, int kNThreads, int kCols>
-using GmemTiledCopyFor = decltype(make_tiled_copy(
+// kNThreads threads moving tiles of kAtomCols-wide swizzle atoms in 16-byte
+// vectors: each atom row (32 or 64 columns) is one group of consecutive
+// threads, so a warp moves whole contiguous row segments. CopyOp: cp.async
+// for loads, a 16-byte register copy for stores.
+template <class CopyOp, class Element, int kNThreads, int kAtomCols>
+using GmemTiledCopyForAtom = decltype(make_tiled_copy(
     Copy_Atom<CopyOp, Element>{},
-    Layout<Shape<Int<kNThreads / (kSmemAtomCols<kCols> * int(sizeof(Element)) / 16)>,
-                 Int<kSmemAtomCols<kCols> * int(sizeof(Element)) / 16>>,
-           Stride<Int<kSmemAtomCols<kCols> * int(sizeof(Element)) / 16>, _1>>{},
+    Layout<Shape<Int<kNThreads / (kAtomCols * int(sizeof(Element)) / 16)>, Int<kAtomCols * int(sizeof(Element)) / 16>>,
+           Stride<Int<kAtomCols * int(sizeof(Element)) / 16>, _1>>{},
     Layout<Shape<_1, Int<16 / int(sizeof(Element))>>>{}));
+
+// The same for (rows, kCols) tiles of SmemLayoutTile.
+template <class CopyOp, class Element, int kNThreads, int kCols>
+using GmemTiledCopyFor = GmemTiledCopyForAtom<CopyOp, Element, kNThreads, kSmemAtomCols<kCols>>;
 
 }  // namespace flashtile::sm80
