@@ -42,6 +42,7 @@
 #include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
+#include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {
@@ -99,33 +100,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const Dropout<kDropout> dropout(params, batch);
 
   // This CTA's K and V tiles and its dK, dV outputs.
-  Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k),
-                                             seq.k_offset(params.k_batch_stride, params.k_row_stride),
-                                             params.k_row_stride, params.k_head_stride, head_k, seqlen_k),
-                         ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gV = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.v),
-                                             seq.k_offset(params.v_batch_stride, params.v_row_stride),
-                                             params.v_row_stride, params.v_head_stride, head_k, seqlen_k),
-                         ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdK = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dk),
-                                              seq.k_offset(params.dk_batch_stride, params.dk_row_stride),
-                                              params.dk_row_stride, params.dk_head_stride, head_k, seq.seqlen_k_rows),
-                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdV = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dv),
-                                              seq.k_offset(params.dv_batch_stride, params.dv_row_stride),
-                                              params.dv_row_stride, params.dv_head_stride, head_k, seq.seqlen_k_rows),
-                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
+  auto [gK, gV, gdK, gdV] = key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
   if (kVarlen && kv_rows_valid <= 0) {
-    // seqused_k: keys of this sequence that no query attends get dK = dV = 0.
-    typename Traits::GmemTiledCopyStore gmem_copy_zero;
-    auto gmem_thr_copy_zero = gmem_copy_zero.get_thread_slice(tid);
-    Tensor tZgdK = gmem_thr_copy_zero.partition_D(gdK);                         // (CPY, CPY_N, CPY_K)
-    Tensor tZgdV = gmem_thr_copy_zero.partition_D(gdV);                         // (CPY, CPY_N, CPY_K)
-    Tensor tZc = gmem_thr_copy_zero.partition_D(make_identity_tensor(ShapeKV{}));  // (CPY, CPY_N, CPY_K) -> (row, col)
-    Tensor tZr = make_fragment_like(tZgdK);                                      // (CPY, CPY_N, CPY_K)
-    clear(tZr);
-    copy_rows(gmem_copy_zero, tZr, tZgdK, tZc, kv_rows_out);
-    copy_rows(gmem_copy_zero, tZr, tZgdV, tZc, kv_rows_out);
+    store_zero_dkdv<Traits>(gdK, gdV, kv_rows_out, tid);
     return;
   }
 
@@ -163,37 +140,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tQsQ = gmem_thr_copy.partition_D(sQ);                                 // (CPY, CPY_M, CPY_K)
   Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);                              // (CPY, CPY_M, CPY_K)
 
-  // The (query head, query block) pairs that see this CTA's keys, walked as
-  // one sequence so a block's loads can be issued during the previous one:
-  // first every head's blocks that need the mask (a prefix of each head's
-  // blocks, BlockMask::m_block_mask_end), then the rest. Each part has its own
-  // loop, so the mask-free one carries no mask code: with an `if` in one loop
-  // ptxas predicates the mask into ~300 instructions issued on every block
-  // (19 % of the loop's instructions at d64, counted in the SASS).
-  // A window's left edge masks a suffix of each head's blocks too (local
-  // only): those join the masked loop after the prefix.
-  const int m_block_begin = mask.m_block_begin(n_block);
-  const int m_block_end = max(m_block_begin, mask.m_block_end(n_block));
-  const int m_block_mask_end = mask.m_block_mask_end(n_block, m_block_begin, m_block_end);
-  const int m_block_left_mask_begin = mask.m_block_left_mask_begin(n_block, m_block_mask_end, m_block_end);
-  const int prefix_per_head = m_block_mask_end - m_block_begin;
-  const int masked_per_head = prefix_per_head + (m_block_end - m_block_left_mask_begin);
-  const int unmasked_per_head = m_block_left_mask_begin - m_block_mask_end;
-  const int masked_iterations = group * masked_per_head;
-  const int iterations = group * (masked_per_head + unmasked_per_head);
-  // Iteration it -> (query head, query block).
-  auto query_block_of = [&](int it) {
-    if (it < masked_iterations) {
-      const int k = it % masked_per_head;
-      int m_block = m_block_begin + k;
-      if constexpr (kMask == MaskKind::kLocal) {
-        if (k >= prefix_per_head) m_block = m_block_left_mask_begin + (k - prefix_per_head);
-      }
-      return make_tuple(head_k * group + it / masked_per_head, m_block);
-    }
-    const int j = it - masked_iterations;
-    return make_tuple(head_k * group + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);
-  };
+  // The (query head, query block) pairs that see this CTA's keys
+  // (bwd_walk.hpp): iteration it -> query_block_of(it).
+  const BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, group);
+  const int masked_iterations = query_block_of.masked_iterations;
+  const int iterations = query_block_of.iterations;
 
   // The S/dP product's partition; the thread's (row, col) in its tile.
   typename Traits::TiledMmaSdP mma_sdp;

@@ -4,7 +4,8 @@
 // one (kBlockM, kBlockN) tile and the two ways it reads a block's LSE and D
 // rows (shared memory or registers), the asynchronous loads of a block's
 // rows (Q and dO; LSE and D), the dQ accumulator's layout and its vector
-// atomic add, and the staged store of an accumulator tile.
+// atomic add, a key block's tiles and their zero store, and the staged
+// store of an accumulator tile.
 #pragma once
 
 #include <cute/atom/copy_atom.hpp>
@@ -16,6 +17,7 @@
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/sm80/copy.hpp"
+#include "flashtile/sm80/gmem.hpp"
 
 namespace flashtile::sm80 {
 
@@ -174,6 +176,43 @@ CUTE_DEVICE void atomic_add_vector(float* dst, Acc const& acc, int i) {
   } else {
     atomicAdd(dst, acc(i));
   }
+}
+
+// A backward CTA's key block: its K and V tiles (the attended keys, seqlen_k
+// rows) and its dK and dV outputs (the sequence's rows, seqlen_k_rows), each
+// (kBlockN, kHeadDim).
+template <int kHeadDim, int kBlockN, class Element, class Params, class Seq>
+CUTE_DEVICE auto key_block_tiles(Params const& params, Seq const& seq, int head_k, int n_block) {
+  using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  auto tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int rows) {
+    return local_tile(head_rows<kHeadDim>(base, seq.k_offset(batch_stride, row_stride), row_stride, head_stride,
+                                          head_k, rows),
+                      ShapeKV{}, make_coord(n_block, 0));
+  };
+  return make_tuple(
+      tile(static_cast<const Element*>(params.k), params.k_batch_stride, params.k_row_stride, params.k_head_stride,
+           seq.seqlen_k),
+      tile(static_cast<const Element*>(params.v), params.v_batch_stride, params.v_row_stride, params.v_head_stride,
+           seq.seqlen_k),
+      tile(static_cast<Element*>(params.dk), params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride,
+           seq.seqlen_k_rows),
+      tile(static_cast<Element*>(params.dv), params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride,
+           seq.seqlen_k_rows));
+}
+
+// seqused_k: the keys of a sequence that no query attends get dK = dV = 0;
+// writes zeros to the rows below rows_valid of gdK and gdV.
+template <class Traits, class TileDK, class TileDV>
+CUTE_DEVICE void store_zero_dkdv(TileDK&& gdK, TileDV&& gdV, int rows_valid, int tid) {
+  typename Traits::GmemTiledCopyStore gmem_copy_zero;
+  auto gmem_thr_copy_zero = gmem_copy_zero.get_thread_slice(tid);
+  Tensor tZgdK = gmem_thr_copy_zero.partition_D(gdK);  // (CPY, CPY_N, CPY_K)
+  Tensor tZgdV = gmem_thr_copy_zero.partition_D(gdV);  // (CPY, CPY_N, CPY_K)
+  Tensor tZc = gmem_thr_copy_zero.partition_D(make_identity_tensor(shape(gdK)));  // (CPY, CPY_N, CPY_K) -> (row, col)
+  Tensor tZr = make_fragment_like(tZgdK);  // (CPY, CPY_N, CPY_K)
+  clear(tZr);
+  copy_rows(gmem_copy_zero, tZr, tZgdK, tZc, rows_valid);
+  copy_rows(gmem_copy_zero, tZr, tZgdV, tZc, rows_valid);
 }
 
 // Writes a (rows, kHeadDim) fp32 register accumulator, times `scale` and

@@ -24,6 +24,7 @@
 #include "flashtile/workspace.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
+#include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm90/gemm.hpp"
@@ -70,33 +71,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const ScoreMod<false> score_mod(params.softmax_scale, params.softcap, seqlen_q, seqlen_k, 0.f);
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
 
-  using sm80::head_rows;
-  Tensor gK = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.k),
-                                             seq.k_offset(params.k_batch_stride, params.k_row_stride),
-                                             params.k_row_stride, params.k_head_stride, head_k, seqlen_k),
-                         ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gV = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.v),
-                                             seq.k_offset(params.v_batch_stride, params.v_row_stride),
-                                             params.v_row_stride, params.v_head_stride, head_k, seqlen_k),
-                         ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdK = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dk),
-                                              seq.k_offset(params.dk_batch_stride, params.dk_row_stride),
-                                              params.dk_row_stride, params.dk_head_stride, head_k, seq.seqlen_k_rows),
-                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
-  Tensor gdV = local_tile(head_rows<kHeadDim>(static_cast<Element*>(params.dv),
-                                              seq.k_offset(params.dv_batch_stride, params.dv_row_stride),
-                                              params.dv_row_stride, params.dv_head_stride, head_k, seq.seqlen_k_rows),
-                          ShapeKV{}, make_coord(n_block, 0));  // (kBlockN, kHeadDim)
+  // This CTA's K and V tiles and its dK, dV outputs.
+  auto [gK, gV, gdK, gdV] = sm80::key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
   if (kVarlen && kv_rows_valid <= 0) {
-    typename Traits::GmemTiledCopyStore gmem_copy_zero;
-    auto gmem_thr_copy_zero = gmem_copy_zero.get_thread_slice(tid);
-    Tensor tZgdK = gmem_thr_copy_zero.partition_D(gdK);                            // (CPY, CPY_N, CPY_K)
-    Tensor tZgdV = gmem_thr_copy_zero.partition_D(gdV);                            // (CPY, CPY_N, CPY_K)
-    Tensor tZc = gmem_thr_copy_zero.partition_D(make_identity_tensor(ShapeKV{}));  // (CPY, CPY_N, CPY_K) -> (row, col)
-    Tensor tZr = make_fragment_like(tZgdK);                                         // (CPY, CPY_N, CPY_K)
-    clear(tZr);
-    sm80::copy_rows(gmem_copy_zero, tZr, tZgdK, tZc, kv_rows_out);
-    sm80::copy_rows(gmem_copy_zero, tZr, tZgdV, tZc, kv_rows_out);
+    sm80::store_zero_dkdv<Traits>(gdK, gdV, kv_rows_out, tid);
     return;
   }
 
@@ -129,37 +107,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tQsQ = gmem_thr_copy.partition_D(sQ);                                 // (CPY, CPY_M, CPY_K)
   Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);                              // (CPY, CPY_M, CPY_K)
 
-  // The walk of (query head, query block) pairs: as sm80/bwd_kernel.hpp.
-  const int m_block_begin = mask.m_block_begin(n_block);
-  const int m_block_end = max(m_block_begin, mask.m_block_end(n_block));
-  const int m_block_mask_end = mask.m_block_mask_end(n_block, m_block_begin, m_block_end);
-  const int m_block_left_mask_begin = mask.m_block_left_mask_begin(n_block, m_block_mask_end, m_block_end);
-  const int prefix_per_head = m_block_mask_end - m_block_begin;
-  const int masked_per_head = prefix_per_head + (m_block_end - m_block_left_mask_begin);
-  const int unmasked_per_head = m_block_left_mask_begin - m_block_mask_end;
-  const int masked_iterations = group * masked_per_head;
-  const int iterations = group * (masked_per_head + unmasked_per_head);
-  auto query_block_of = [&](int it) {
-    if (it < masked_iterations) {
-      const int k = it % masked_per_head;
-      int m_block = m_block_begin + k;
-      if constexpr (kMask == MaskKind::kLocal) {
-        if (k >= prefix_per_head) m_block = m_block_left_mask_begin + (k - prefix_per_head);
-      }
-      return make_tuple(head_k * group + it / masked_per_head, m_block);
-    }
-    const int j = it - masked_iterations;
-    return make_tuple(head_k * group + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);
-  };
+  // The (query head, query block) pairs that see this CTA's keys
+  // (sm80/bwd_walk.hpp): iteration it -> query_block_of(it).
+  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, group);
+  const int masked_iterations = query_block_of.masked_iterations;
+  const int iterations = query_block_of.iterations;
 
   auto load_query_block = [&](int it, int buf) {
     const auto [head, m_block] = query_block_of(it);
     const int q_rows_valid = seqlen_q - m_block * kBlockM;
-    Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
+    Tensor gQ = local_tile(sm80::head_rows<kHeadDim>(static_cast<const Element*>(params.q),
                                                seq.q_offset(params.q_batch_stride, params.q_row_stride),
                                                params.q_row_stride, params.q_head_stride, head, seqlen_q),
                            ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-    Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout),
+    Tensor gdO = local_tile(sm80::head_rows<kHeadDim>(static_cast<const Element*>(params.dout),
                                                 seq.q_offset(params.dout_batch_stride, params.dout_row_stride),
                                                 params.dout_row_stride, params.dout_head_stride, head, seqlen_q),
                             ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
