@@ -16,6 +16,7 @@
 
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
+#include "flashtile/sm90/device.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 
@@ -212,15 +213,6 @@ Variant variant_for(const Params& p) {
   return uses_score_mod(p) ? Variant::kScoreMod : Variant::kPlain;
 }
 
-// Whether the current device runs sm90a code (compute capability 9.0).
-inline bool device_is_sm90() {
-  int device = 0, major = 0, minor = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-         major == 9 && minor == 0;
-}
-
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma path's where one is built (registry.hpp: plain, some head
 // dims), else the sm80 path's. Needs params.workspace of
@@ -230,7 +222,7 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   if (ok != Status::kSuccess) return ok;
   const KernelRegistry& registry = KernelRegistry::instance();
   BwdLauncher launch = nullptr;
-  if (device_is_sm90()) launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
+  if (sm90::device_is_sm90()) launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   if (!launch) launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);

@@ -11,7 +11,8 @@ enum class Status : int {
   kUnsupportedHeadDim,  // no tile configuration exists for this head dim
   kNotBuilt,            // supported, but this build did not instantiate the kernel
   kCudaError,           // a CUDA runtime call failed; cudaGetLastError() says why
-  kUnsupportedDevice,   // the current GPU offers less shared memory per block than the kernel needs
+  kUnsupportedDevice,   // the current GPU lacks what the kernel needs: shared memory per block, or
+                        // (the SM90 path) compute capability 9.0
 };
 
 inline const char* status_string(Status s) {
@@ -25,7 +26,8 @@ inline const char* status_string(Status s) {
     case Status::kNotBuilt: return "kernel not built in this flashtile build";
     case Status::kCudaError: return "CUDA error";
     case Status::kUnsupportedDevice:
-      return "the current GPU offers less shared memory per block than this kernel needs";
+      return "the current GPU cannot run this kernel (too little shared memory per block, or not the "
+             "compute capability 9.0 that the sm90 kernels need)";
   }
   return "unknown status";
 }

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   static_assert(Traits::kNThreads >= 2 * kBlockM, "one thread per row loads LSE, another D");
   static_assert(kBwdDqAccumRowAlign % kBlockM == 0, "dQ accumulator rows are whole query blocks");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // wgmma exists on sm90a only; bwd_launch.hpp launches this kernel there.
+  // wgmma exists on sm90a only; sm90::run_bwd launches this kernel nowhere else.
   __trap();
 #else
   extern __shared__ __align__(128) char smem[];

@@ -9,6 +9,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_launch.hpp"
 #include "flashtile/sm90/bwd_traits.hpp"
+#include "flashtile/sm90/device.hpp"
 #include "flashtile/status.hpp"
 
 namespace flashtile::sm90 {
@@ -20,11 +21,12 @@ struct BwdTraitsFor {
 };
 
 // Entry point a generated kernels/bwd_sm90_*.cu file instantiates and
-// registers. Assumes can_implement_bwd(params) passed and that the current
-// device is sm90 (flashtile::bwd checks it); refuses params with softcap,
-// ALiBi or dropout (kInvalidArgument).
+// registers. Assumes can_implement_bwd(params) passed. Returns
+// kUnsupportedDevice, before any launch, on a GPU other than compute
+// capability 9.0, and kInvalidArgument for softcap, ALiBi or dropout.
 template <int kHeadDim, class Element>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
+  if (!device_is_sm90()) return Status::kUnsupportedDevice;
   return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
                                 sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false>(params,
                                                                                                        stream);
