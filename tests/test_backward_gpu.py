@@ -360,6 +360,17 @@ def test_opcheck_fwd_with_grad():
                           rtol=2 * eps, atol=1e-3)
 
 
+def test_double_backward_raises():
+    """flashtile::bwd has no derivative: a second backward through it says so
+    instead of returning wrong second derivatives."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(1, 33, 33, 2, 2, head_dim, dtype)
+    out = flashtile.flash_attn_func(q, k, v)
+    dq, = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.float().sum().backward()
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_opcheck_bwd(deterministic):
     """flashtile::bwd's schema and fake (GQA: dk, dv with nheads_k heads), on a strided dout."""

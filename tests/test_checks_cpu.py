@@ -509,9 +509,9 @@ def test_public_functions_pass_deterministic_to_the_op(monkeypatch, func, determ
 @pytest.mark.parametrize("window", [None, (7, 0)], ids=["window_defaulted", "window_passed"])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, window):
-    """flashtile::fwd's setup_context saves deterministic and the window (the
-    inputs torch hands it hold only the arguments the caller passed) and its
-    backward calls flashtile::bwd with them (the registered functions called
+    """flashtile::fwd's autograd kernel saves deterministic and the window
+    (the dispatcher hands it only the arguments the caller passed) and its
+    backward calls flashtile::bwd with them (forward and backward called
     directly, on fake tensors: autograd itself needs a GPU here)."""
     seen = []
     real_bwd = _ops.bwd
@@ -527,20 +527,34 @@ def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, wind
         def save_for_backward(self, *tensors):
             self.saved_tensors = tensors
 
+        def set_materialize_grads(self, value):
+            self.materialize_grads = value
+
     monkeypatch.setattr(_ops, "bwd", spy)
     extra = () if window is None else window
     with FakeTensorMode():
         q, k, v = make_qkv(2, 9, 11, nheads=4, nheads_k=2, device="cuda")
-        out, lse, attn_probs = torch.ops.flashtile.fwd(q, k, v, 0.5, True, deterministic, *extra)
-        assert attn_probs.numel() == 0  # not asked for
         ctx = Ctx()
-        _ops._fwd_setup_context(ctx, (q, k, v, 0.5, True, deterministic, *extra), (out, lse, attn_probs))
-        grads = _ops._fwd_backward(ctx, torch.ones_like(out), None, None)
+        out, lse, attn_probs = _ops.FlashAttentionFunction.forward(ctx, q, k, v, 0.5, True, deterministic, *extra)
+        assert attn_probs.numel() == 0  # not asked for
+        assert ctx.non_differentiable == (lse, attn_probs) and ctx.materialize_grads is False
+        grads = _ops.FlashAttentionFunction.backward(ctx, torch.ones_like(out), None, None)
     # The options after the window keep their defaults: softcap 0, no ALiBi
     # slopes, no varlen offsets, no dropout.
     assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None, None, None, None, 0, 0, 0.0, None)]
     assert len(grads) >= 8 and all(g is None for g in grads[3:])
     assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
+
+
+def test_only_the_forward_op_has_an_autograd_kernel():
+    """flashtile::fwd is differentiable as an op (its autograd.Function sits
+    at the Autograd key, where opcheck looks for it); flashtile::bwd has no
+    derivative (test_double_backward_raises); both run on CUDA only."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has_kernel("flashtile::fwd", "Autograd")
+    assert not has_kernel("flashtile::bwd", "Autograd")
+    for name in ("fwd", "bwd"):
+        assert has_kernel(f"flashtile::{name}", "CUDA") and not has_kernel(f"flashtile::{name}", "CPU")
 
 
 def test_custom_ops_default_to_the_atomic_backward_without_a_window():

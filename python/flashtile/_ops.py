@@ -1,4 +1,4 @@
-"""The torch.library custom ops around the extension: forward and backward.
+"""The torch.library ops around the extension: forward and backward.
 
 ``flashtile::fwd(q, k, v, softmax_scale, causal, deterministic=False,
 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
@@ -10,16 +10,23 @@ inputs' device and torch's current stream there. ``dropout_seed`` is the
 int64 (1,) device tensor whose bits key the kernels' Philox generator (drawn
 by the caller from torch's CUDA generator); ``attn_probs`` is the
 testing-only probabilities tensor when ``return_attn_probs``, else empty.
-Its fake (meta) implementation gives torch.compile the output shapes; its
-autograd registration saves only q, k, v, out, the row logsumexp and the
-dropout seed and runs ``flashtile::bwd`` (also a custom op with a fake) for
-the gradients.
+``flashtile::bwd`` gives the gradients. Each op has a fake (meta)
+implementation that gives torch.compile the output shapes.
 ``deterministic`` does not change the forward; it is an argument of the
 forward op so that its autograd context can pass it to the backward.
 
-Arguments are assumed validated (``_checks``); the op itself checks only what
-tracing cannot see: the device's compute capability and the data pointers'
-alignment.
+The ops are declared with ``torch.library.Library`` (schema strings) and
+their CUDA kernels are plain Python functions; flashtile::fwd's autograd
+kernel is an ``autograd.Function`` (:class:`FlashAttentionFunction`) that
+saves only q, k, v, out, the row logsumexp and the dropout seed and calls
+flashtile::bwd. ``torch.library.custom_op`` with ``register_autograd`` would
+do the same in fewer lines, but its wrappers (an aliasing check on every
+call, filling in defaults, a redispatch) cost about 60 µs of host time per
+forward + backward on the CPU (benchmarks/NOTES.md, "The ops' registration").
+
+Arguments are assumed validated (``_checks``); the ops themselves check only
+what tracing cannot see: the device's compute capability and the data
+pointers' alignment.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import functools
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 try:
     from . import _C
@@ -104,8 +112,26 @@ def _no_queries(q: torch.Tensor, cu_seqlens_q, max_seqlen_q: int) -> bool:
     return q.numel() == 0 or cu_seqlens_q.shape[0] <= 1 or max_seqlen_q == 0
 
 
-@torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types="cuda")
-def fwd(
+_LIB = torch.library.Library("flashtile", "DEF")
+_LIB.define(
+    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
+    "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, int max_seqlen_q=0, "
+    "int max_seqlen_k=0, float dropout_p=0.0, Tensor? dropout_seed=None, bool return_attn_probs=False) "
+    "-> (Tensor out, Tensor lse, Tensor attn_probs)")
+_LIB.define(
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, bool causal, "
+    "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+    "Tensor? alibi_slopes=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, "
+    "int max_seqlen_q=0, int max_seqlen_k=0, float dropout_p=0.0, Tensor? dropout_seed=None) "
+    "-> (Tensor dq, Tensor dk, Tensor dv)")
+
+# The dispatcher may hand a Python kernel fewer arguments than the schema
+# has (trailing defaults left out), so the kernels below repeat the schemas'
+# defaults.
+
+
+def _fwd_cuda(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -145,7 +171,6 @@ def fwd(
     return out, lse, attn_probs
 
 
-@fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
               softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
               max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None, return_attn_probs=False):
@@ -163,8 +188,7 @@ def _vector_friendly(t: torch.Tensor) -> bool:
     )
 
 
-@torch.library.custom_op("flashtile::bwd", mutates_args=(), device_types="cuda")
-def bwd(
+def _bwd_cuda(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -218,44 +242,60 @@ def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-@bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, window_left=-1,
               window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
               seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None):
     return _empty_grads(q, k, v)
 
 
-def _fwd_setup_context(ctx, inputs, output):
-    # Older torch (2.11) hands over only the arguments the caller passed, so
-    # the trailing defaulted ones (deterministic, window_left, window_right)
-    # may be missing; newer torch (2.13) fills them in.
-    defaults = (False, -1, -1, 0.0, None, None, None, None, 0, 0, 0.0, None, False)
-    (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes,
-     cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed,
-     _) = (*inputs, *defaults[len(inputs) - 5:])
-    out, lse, attn_probs = output
-    ctx.mark_non_differentiable(lse, attn_probs)
-    # Only these: the backward recomputes P from q, k and the row logsumexp,
-    # and dropout's mask from the seed (the ALiBi slopes and the varlen
-    # offsets are inputs, not results, and get no gradient).
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed)
-    ctx.dropout_p = dropout_p
-    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
-    ctx.deterministic = deterministic
-    ctx.window = (window_left, window_right)
-    ctx.softcap = softcap
+_LIB.impl("fwd", _fwd_cuda, "CUDA")
+_LIB.impl("bwd", _bwd_cuda, "CUDA")
+torch.library.register_fake("flashtile::fwd", _fwd_fake, lib=_LIB)
+torch.library.register_fake("flashtile::bwd", _bwd_fake, lib=_LIB)
+
+fwd = torch.ops.flashtile.fwd.default
+bwd = torch.ops.flashtile.bwd.default
 
 
-def _fwd_backward(ctx, grad_out, grad_lse, grad_attn_probs):
-    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed = ctx.saved_tensors
-    dq, dk, dv = bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                     ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                     seqused_k, *ctx.max_seqlens, ctx.dropout_p, dropout_seed)
-    # No gradient for the options, alibi_slopes (as flash_attn), the offsets
-    # or the seed; extra Nones past the passed inputs are allowed.
-    return (dq, dk, dv) + (None,) * 15
+class FlashAttentionFunction(torch.autograd.Function):
+    """flashtile::fwd's autograd kernel: the forward op below autograd, and
+    flashtile::bwd for the gradients of q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
+                softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+                max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None, return_attn_probs=False):
+        with torch._C._AutoDispatchBelowAutograd():  # on to the CUDA (or fake) kernel
+            out, lse, attn_probs = fwd(q, k, v, softmax_scale, causal, deterministic, window_left, window_right,
+                                       softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                       max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed, return_attn_probs)
+        ctx.mark_non_differentiable(lse, attn_probs)
+        # lse and attn_probs have no gradient: let the engine pass None for
+        # them instead of filling zeros (two allocations and two fills of
+        # host time per backward). out always gets one (it is the node's
+        # only differentiable output).
+        ctx.set_materialize_grads(False)
+        # Only these: the backward recomputes P from q, k and the row
+        # logsumexp, and dropout's mask from the seed (the ALiBi slopes and
+        # the varlen offsets are inputs, not results, and get no gradient).
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed)
+        ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
+        ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+        ctx.dropout_p = dropout_p
+        return out, lse, attn_probs
+
+    @staticmethod
+    @once_differentiable  # flashtile::bwd has no derivative of its own: a double backward raises
+    def backward(ctx, grad_out, grad_lse, grad_attn_probs):
+        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed = ctx.saved_tensors
+        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, *ctx.options, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                         seqused_k, *ctx.max_seqlens, ctx.dropout_p, dropout_seed)
+        # No gradient for the options, alibi_slopes (as flash_attn), the
+        # offsets or the seed; Nones past the inputs the call passed are
+        # allowed.
+        return (dq, dk, dv) + (None,) * 15
 
 
-fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+# Registered at the Autograd key, as torch's autograd_registration_check
+# asks: calling the op itself is differentiable, and opcheck checks it.
+_LIB.impl("fwd", FlashAttentionFunction.apply, "Autograd")

@@ -56,7 +56,8 @@ kernels kept it, its negation where they dropped it (the sign bit set even
 where it is 0), 0 outside the sequence; they come from a separate, slow
 kernel. Without dropout that slot is None, as in flash_attn.
 
-The functions are differentiable (torch.library autograd). By
+The functions are differentiable, once (flashtile::fwd's autograd kernel;
+a double backward raises). By
 default the backward accumulates dq with fp32 atomic adds, whose order varies
 from run to run in the last bits; ``deterministic=True`` sums dq in a fixed
 order instead (bitwise-reproducible gradients, a slower backward).
