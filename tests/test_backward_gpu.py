@@ -360,6 +360,19 @@ def test_opcheck_fwd_with_grad():
                           rtol=2 * eps, atol=1e-3)
 
 
+def test_fwd_op_records_autograd_only_in_grad_mode():
+    """flashtile::fwd's out carries FlashAttentionFunction's backward in grad
+    mode; under no_grad the op skips the autograd.Function, same results."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(1, 33, 40, 2, 2, head_dim, dtype)
+    out, lse, _ = torch.ops.flashtile.fwd(q, k, v, 0.5, False)
+    assert type(out.grad_fn).__name__ == "FlashAttentionFunctionBackward" and not lse.requires_grad
+    with torch.no_grad():
+        out_no_grad, lse_no_grad, _ = torch.ops.flashtile.fwd(q, k, v, 0.5, False)
+    assert out_no_grad.grad_fn is None and not out_no_grad.requires_grad
+    assert torch.equal(out, out_no_grad) and torch.equal(lse, lse_no_grad)
+
+
 def test_double_backward_raises():
     """flashtile::bwd has no derivative: a second backward through it says so
     instead of returning wrong second derivatives."""

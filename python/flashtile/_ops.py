@@ -296,6 +296,16 @@ class FlashAttentionFunction(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 15
 
 
-# Registered at the Autograd key, as torch's autograd_registration_check
-# asks: calling the op itself is differentiable, and opcheck checks it.
-_LIB.impl("fwd", FlashAttentionFunction.apply, "Autograd")
+def _fwd_autograd(*args):
+    """flashtile::fwd at the Autograd key (where torch's
+    autograd_registration_check looks, so the op itself is differentiable
+    and opcheck checks it): FlashAttentionFunction when grad mode is on;
+    under no_grad straight on to the CUDA kernel, without building an
+    autograd context (4 of 13 µs of a dummy op's host time on the CPU)."""
+    if torch.is_grad_enabled():
+        return FlashAttentionFunction.apply(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return fwd(*args)
+
+
+_LIB.impl("fwd", _fwd_autograd, "Autograd")
