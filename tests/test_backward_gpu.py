@@ -547,6 +547,45 @@ def test_sm90_backward_seqlens(seqlen_q, seqlen_k, causal, deterministic):
 
 
 # --------------------------------------------------------------------------
+# the SM80 main kernel's split tail (include/flashtile/sm80/bwd_tail_split.hpp)
+# --------------------------------------------------------------------------
+
+
+def sm80_plain_pairs():
+    """The built (head_dim, dtype) pairs whose plain backward runs the SM80
+    main kernel on this GPU."""
+    sm90 = SM90_BWD_BUILT if torch.cuda.get_device_capability() == (9, 0) else ()
+    return [combo for combo in BWD_BUILT if combo in FWD_BUILT and combo not in sm90]
+
+
+@pytest.mark.parametrize("nheads, nheads_k", [(3, 3), (6, 3)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1000, 700), (77, 300)])
+def test_split_tail_gradients(seqlen_q, seqlen_k, nheads, nheads_k):
+    """A grid of at most 3 · 11 key blocks, under half a wave on every GPU
+    the backward runs on, splits each key block across CTAs that sum dK and
+    dV in the workspace (with 1000 query rows there are enough query blocks
+    to split, and the kernel that writes the sums runs). The gradients pass
+    the FA rule, and dk and dv equal the deterministic mode's, which never
+    splits, up to the order of fp32 sums."""
+    pairs = sm80_plain_pairs()
+    if not pairs:
+        pytest.skip(f"no SM80 plain backward in this build runs on this GPU (built: {BWD_BUILT})")
+    for head_dim, name in pairs:
+        q, k, v = rand_qkv(1, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, DTYPES[name])
+        names = backward_kernel_names(q, k, v, causal=False)
+        if seqlen_q == 1000:
+            assert any("bwd_convert_dkv_tail_kernel" in n for n in names), (head_dim, name, names)
+        run_and_check(q, k, v, causal=False)
+        out = flashtile.flash_attn_func(q, k, v)
+        dout = torch.randn_like(out)
+        split_grads = flash_grads(out, (q, k, v), dout)
+        out_det = flashtile.flash_attn_func(q, k, v, deterministic=True)
+        det_grads = flash_grads(out_det, (q, k, v), dout)
+        for label, got, want in zip(("dk", "dv"), split_grads[1:], det_grads[1:]):
+            assert_close_up_to_atomics(got, want, f"hdim{head_dim}/{name} {label}")
+
+
+# --------------------------------------------------------------------------
 # memory: activations linear in seqlen
 # --------------------------------------------------------------------------
 

@@ -53,8 +53,9 @@ def bwd_args(head_dim, dtype):
     a = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse,
              dq=poisoned(*q.shape, dtype=dtype), dk=poisoned(*k.shape, dtype=dtype),
              dv=poisoned(*v.shape, dtype=dtype))
-    a["workspace"] = torch.zeros(_C.bwd_workspace_bytes(2, 33, 4, head_dim, False), dtype=torch.uint8,
-                                 device="cuda")
+    # Sized for no mask, the largest (call_bwd may pass causal=False).
+    a["workspace"] = torch.zeros(_C.bwd_workspace_bytes(2, 33, 65, 4, 2, head_dim, False, -1, -1, False),
+                                 dtype=torch.uint8, device="cuda")
     return a
 
 

@@ -1,10 +1,14 @@
-// The backward's device workspace: the fp32 dQ accumulator and rowsum(dO ∘ O)
-// (batch, nheads, seqlen_q), or (nheads, total_q) when varlen, as lse. The
-// caller allocates bwd_workspace_bytes(params) bytes. The accumulator is
-// (batch, nheads, bwd_dq_accum_rows, head_dim), or (nheads,
-// bwd_dq_accum_rows, head_dim) when varlen, each query block of it in the
-// main kernel's register order (opaque outside the kernels); deterministic
-// mode has none, its dQ kernel writes dq directly.
+// The backward's device workspace: the fp32 dQ accumulator, the fp32 dK/dV
+// accumulator of the main kernel's split tail (sm80/bwd_tail_split.hpp), and
+// rowsum(dO ∘ O) (batch, nheads, seqlen_q), or (nheads, total_q) when
+// varlen, as lse. The caller allocates bwd_workspace_bytes(params) bytes.
+// The dQ accumulator is (batch, nheads, bwd_dq_accum_rows, head_dim), or
+// (nheads, bwd_dq_accum_rows, head_dim) when varlen, each query block of it
+// in the main kernel's register order (opaque outside the kernels);
+// deterministic mode has none, its dQ kernel writes dq directly. The tail
+// accumulator holds up to kBwdTailMaxTasks key blocks' dK and dV, only for
+// the backward that can split its tail (fixed-length, no mask, not
+// deterministic).
 #pragma once
 
 #include <cstddef>
@@ -18,6 +22,8 @@ namespace flashtile {
 struct BwdWorkspace {
   float* dq_accum;
   size_t dq_accum_bytes;
+  float* dkv_tail;  // kBwdTailMaxTasks slots of 2 · kBwdTailMaxBlockN · head_dim floats, or none
+  size_t dkv_tail_bytes;
   float* dsum;
 };
 
@@ -57,14 +63,40 @@ inline size_t bwd_dq_accum_bytes(const BwdParams& p) {
   return (bytes + 255) / 256 * 256;  // keeps dsum 256-byte aligned
 }
 
-inline size_t bwd_workspace_bytes(const BwdParams& p) {
-  return bwd_dq_accum_bytes(p) + size_t(bwd_query_rows(p)) * p.nheads * sizeof(float);
+// The split tail's key blocks (sm80/bwd_tail_split.hpp): at most this many
+// per backward, each of at most kBwdTailMaxBlockN keys. 64 is half the
+// H100/H200's 132 SMs, rounded down: a tail is split only when it fills at
+// most half a wave.
+constexpr int kBwdTailMaxTasks = 64;
+constexpr int kBwdTailMaxBlockN = 128;
+
+// Key blocks the tail accumulator has room for: none unless the main kernel
+// may split its tail (fixed-length, no mask, dQ by atomics), and never more
+// than the grid's key blocks (counted in blocks of 64 keys, the smallest
+// kBlockN).
+inline int bwd_dkv_tail_tasks(const BwdParams& p) {
+  const bool no_mask = !p.causal && p.window_left < 0 && p.window_right < 0;
+  if (p.deterministic || is_varlen(p) || !no_mask) return 0;
+  const int64_t key_blocks = int64_t(p.batch) * p.nheads_k * ((int64_t(p.seqlen_k) + 63) / 64);
+  return int(key_blocks < kBwdTailMaxTasks ? key_blocks : kBwdTailMaxTasks);
 }
 
+inline size_t bwd_dkv_tail_bytes(const BwdParams& p) {
+  // A multiple of 256 bytes (2 · 128 · head_dim · 4), so dsum stays aligned.
+  return size_t(bwd_dkv_tail_tasks(p)) * 2 * kBwdTailMaxBlockN * p.head_dim * sizeof(float);
+}
+
+inline size_t bwd_workspace_bytes(const BwdParams& p) {
+  return bwd_dq_accum_bytes(p) + bwd_dkv_tail_bytes(p) + size_t(bwd_query_rows(p)) * p.nheads * sizeof(float);
+}
+
+// [dQ accumulator | tail accumulator | dsum]: the first two are contiguous,
+// so the rowsum kernel zeroes both in one range.
 inline BwdWorkspace bwd_workspace_layout(const BwdParams& p, void* workspace) {
   char* base = static_cast<char*>(workspace);
-  return {reinterpret_cast<float*>(base), bwd_dq_accum_bytes(p),
-          reinterpret_cast<float*>(base + bwd_dq_accum_bytes(p))};
+  const size_t dq_bytes = bwd_dq_accum_bytes(p), tail_bytes = bwd_dkv_tail_bytes(p);
+  return {reinterpret_cast<float*>(base), dq_bytes, reinterpret_cast<float*>(base + dq_bytes), tail_bytes,
+          reinterpret_cast<float*>(base + dq_bytes + tail_bytes)};
 }
 
 }  // namespace flashtile

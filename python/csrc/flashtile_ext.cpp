@@ -257,10 +257,12 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
                    dtype, flashtile::variant_for(p));
 }
 
-size_t bwd_workspace_bytes(int batch, int seqlen_q, int nheads, int head_dim, bool deterministic,
+size_t bwd_workspace_bytes(int batch, int seqlen_q, int seqlen_k, int nheads, int nheads_k, int head_dim,
+                           bool causal, int window_left, int window_right, bool deterministic,
                            int varlen_total_q) {
   flashtile::BwdParams p;
-  p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.head_dim = head_dim;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.nheads_k = nheads_k;
+  p.head_dim = head_dim, p.causal = causal, p.window_left = window_left, p.window_right = window_right;
   p.deterministic = deterministic;
   if (varlen_total_q >= 0) {
     static const int kAnyOffsets = 0;  // only cu_seqlens_q's presence matters here
@@ -380,10 +382,13 @@ NB_MODULE(_C, m) {
         "a fixed order (bitwise reproducible) instead of with atomic adds. dropout_p and "
         "dropout_seed must be the forward's.");
   m.def("bwd_workspace_bytes", &bwd_workspace_bytes, nb::arg("batch"), nb::arg("seqlen_q"),
-        nb::arg("nheads"), nb::arg("head_dim"), nb::arg("deterministic"), nb::arg("varlen_total_q") = -1,
+        nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_k"), nb::arg("head_dim"), nb::arg("causal"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("deterministic"),
+        nb::arg("varlen_total_q") = -1,
         "Bytes of device workspace the backward needs (fp32 dQ accumulator unless "
-        "deterministic, and row sums); varlen_total_q >= 0: a variable-length batch of that "
-        "many query rows.");
+        "deterministic, the split tail's dK/dV accumulator without a mask, and row sums); "
+        "varlen_total_q >= 0: a variable-length batch of that many query rows (seqlen_q and "
+        "seqlen_k its longest sequences').");
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
 }

@@ -221,13 +221,14 @@ def _bwd_cuda(
         return dq.zero_(), dk.zero_(), dv.zero_()
     if not _vector_friendly(dout):
         dout = dout.contiguous()
+    options = (bool(causal), int(window_left), int(window_right), bool(deterministic))
     if cu_seqlens_q is None:
         batch, seqlen_q, nheads, head_dim = q.shape
-        workspace_bytes = _C.bwd_workspace_bytes(batch, seqlen_q, nheads, head_dim, bool(deterministic))
+        workspace_bytes = _C.bwd_workspace_bytes(batch, seqlen_q, k.shape[1], nheads, k.shape[2], head_dim, *options)
     else:
         total_q, nheads, head_dim = q.shape
-        workspace_bytes = _C.bwd_workspace_bytes(cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), nheads, head_dim,
-                                                 bool(deterministic), varlen_total_q=total_q)
+        workspace_bytes = _C.bwd_workspace_bytes(cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k),
+                                                 nheads, k.shape[1], head_dim, *options, varlen_total_q=total_q)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream

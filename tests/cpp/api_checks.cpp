@@ -4,6 +4,7 @@
 // and the backward's workspace layout keeps its pieces aligned.
 #include <flashtile/flashtile.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -211,21 +212,31 @@ int main() {
   expect(flashtile::fwd(bad, nullptr) == Status::kUnsupportedHeadDim, "fwd() checks before dispatch");
 
   // Workspace: dQ accumulator (fp32, query rows rounded up to 128, bytes to
-  // 256), then row sums.
+  // 256), the split tail's dK/dV slots (no mask only), then row sums.
   const Bwd b = valid_bwd();
   const size_t rows = (size_t(b.seqlen_q) + 127) / 128 * 128;
   const size_t accum = size_t(b.batch) * rows * b.nheads * b.head_dim * sizeof(float);
   const size_t accum_rounded = (accum + 255) / 256 * 256;
-  expect(flashtile::bwd_workspace_bytes(b) ==
-             accum_rounded + size_t(b.batch) * b.nheads * b.seqlen_q * sizeof(float),
-         "bwd_workspace_bytes = dQ accumulator + row sums");
+  const size_t key_blocks = size_t(b.batch) * b.nheads_k * ((b.seqlen_k + 63) / 64);
+  const size_t tail = std::min<size_t>(key_blocks, flashtile::kBwdTailMaxTasks) * 2 * 128 * b.head_dim * sizeof(float);
+  const size_t row_sums = size_t(b.batch) * b.nheads * b.seqlen_q * sizeof(float);
+  expect(!b.causal && b.window_left < 0 && b.window_right < 0, "the base backward params have no mask");
+  expect(flashtile::bwd_workspace_bytes(b) == accum_rounded + tail + row_sums,
+         "bwd_workspace_bytes = dQ accumulator + tail slots + row sums");
   const flashtile::BwdWorkspace ws = flashtile::bwd_workspace_layout(b, fake_pointer(0x100000));
   expect(reinterpret_cast<uintptr_t>(ws.dsum) % 256 == 0, "row sums start 256-byte aligned");
   expect(ws.dq_accum_bytes == accum_rounded, "dQ accumulator size");
+  expect(ws.dkv_tail == ws.dq_accum + accum_rounded / sizeof(float) && ws.dkv_tail_bytes == tail,
+         "tail slots right after the dQ accumulator");
+  Bwd causal = b;
+  causal.causal = true;
+  expect(flashtile::bwd_workspace_bytes(causal) == accum_rounded + row_sums, "causal: no tail slots");
+  Bwd windowed = b;
+  windowed.window_left = 16;
+  expect(flashtile::bwd_workspace_bytes(windowed) == accum_rounded + row_sums, "a window: no tail slots");
   Bwd det = b;
   det.deterministic = true;
-  expect(flashtile::bwd_workspace_bytes(det) == size_t(b.batch) * b.nheads * b.seqlen_q * sizeof(float),
-         "deterministic: no dQ accumulator, row sums only");
+  expect(flashtile::bwd_workspace_bytes(det) == row_sums, "deterministic: no dQ accumulator or tail slots, row sums only");
 
   for (Status s : {Status::kSuccess, Status::kInvalidArgument, Status::kMisalignedPointer,
                    Status::kUnsupportedHeadDim, Status::kNotBuilt, Status::kCudaError, Status::kUnsupportedDevice}) {

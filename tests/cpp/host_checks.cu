@@ -18,6 +18,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
+#include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
@@ -547,6 +548,44 @@ void check_tile_schedule() {
   expect(bijective, "bwd schedule", "each (block, head) is owned by exactly one CTA");
 }
 
+// The split tail (bwd_tail_split.hpp): the plans for the H200's 132 slots
+// at the benchmark's grids, and for any plan, every (key block, iteration)
+// run by exactly one CTA of the grid, the splits all in the last wave.
+void check_tail_split() {
+  using flashtile::sm80::plan_bwd_tail_split;
+  const char* config = "bwd tail split";
+  auto plan = [](int tasks, int slots, int iterations, int max_tasks) {
+    const auto s = plan_bwd_tail_split(tasks, slots, iterations, max_tasks, nullptr);
+    return std::make_pair(s.first_task, s.parts);
+  };
+  expect(plan(2688, 132, 16, 64) == std::make_pair(2640, 2), config, "d96 at the benchmark's shapes: 48 blocks in 2");
+  expect(plan(4096, 132, 8, 64) == std::make_pair(4092, 8), config, "4 blocks left: 8 parts (the cap)");
+  expect(plan(40, 132, 3, 40) == std::make_pair(0, 3), config, "a grid under one wave, parts capped by iterations");
+  expect(plan(2048, 132, 16, 64).second == 1, config, "68 of 132 left: more than half a wave, no split");
+  expect(plan(2640, 132, 16, 64).second == 1, config, "whole waves: no split");
+  expect(plan(2688, 132, 16, 47).second == 1, config, "no split past the workspace's slots");
+  expect(plan(2688, 0, 16, 64).second == 1, config, "no device query: no split");
+  expect(plan(2688, 132, 1, 64).second == 1, config, "one iteration per block: nothing to split");
+  bool exact = true, tail_only = true;
+  for (int tasks : {1, 7, 40, 133, 200, 2688}) {
+    for (int slots : {8, 132, 264}) {
+      for (int iterations : {1, 2, 5, 16, 33}) {
+        const auto split = plan_bwd_tail_split(tasks, slots, iterations, 64, nullptr);
+        std::vector<int> runs(size_t(tasks) * iterations, 0);
+        const int blocks = split.grid_blocks(tasks);
+        for (int block = 0; block < blocks; ++block) {
+          const flashtile::sm80::BwdTailPart part(split, block);
+          tail_only &= part.parts == 1 || block >= blocks - slots;
+          for (int it = part.begin(iterations); it < part.end(iterations); ++it) ++runs[size_t(part.task) * iterations + it];
+        }
+        for (int r : runs) exact &= r == 1;
+      }
+    }
+  }
+  expect(exact, config, "each (key block, iteration) runs in exactly one CTA");
+  expect(tail_only, config, "split CTAs fit in the grid's last wave");
+}
+
 // Variable-length batches: SeqInfo keeps every sequence inside the packed
 // tensors and within the maxima, whatever the offsets hold (the kernels
 // never read them on the host), and with valid offsets the dQ accumulator
@@ -606,6 +645,7 @@ void check_varlen_layout() {
 
 int main() {
   check_philox();
+  check_tail_split();
   using flashtile::sm80::FwdTraitsFor;
   using flashtile::sm80::BwdTraits;
   // Shared-memory limits: 99 KB runs everywhere (sm80+); 163 KB needs sm80

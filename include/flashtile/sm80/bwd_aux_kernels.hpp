@@ -1,11 +1,15 @@
 // The small kernels around the backward's main kernel: rowsum(dO ∘ O) before
-// it, and dQ's conversion from the fp32 accumulator after it.
+// it, and after it dQ's conversion from the fp32 accumulator and, when the
+// main kernel split its tail (bwd_tail_split.hpp), that of the split key
+// blocks' dK and dV.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/bwd_schedule.hpp"
+#include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/gmem.hpp"
 #include "flashtile/workspace.hpp"
@@ -103,18 +107,43 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
   typename Traits::TiledMmadQ mma_dq;
   Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_D)
-  constexpr int kVector = dq_accum_vector();
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); i += kVector) {
-    const float* src = dq_block + dq_accum_offset<Traits::kNThreads, kVector>(tid, i);
-    if constexpr (kVector == 4) {
-      const float4 v = *reinterpret_cast<const float4*>(src);
-      acc_dq(i) = v.x, acc_dq(i + 1) = v.y, acc_dq(i + 2) = v.z, acc_dq(i + 3) = v.w;
-    } else {
-      acc_dq(i) = *src;
-    }
-  }
+  load_tile_accum<Traits::kNThreads>(acc_dq, dq_block, tid);
   store_tile_staged<Traits>(mma_dq, acc_dq, sdQ, gdQ, rows_valid, params.softmax_scale, tid);
+}
+
+// dk = softmax_scale · Σ dK and dv = Σ dV of each key block the main kernel
+// split (fixed-length, bwd_tail_split.hpp), from the tail accumulator, in
+// the input dtype with dk's and dv's strides. One CTA per split key block:
+// block b is task tail.first_task + b. Each thread reads back the values it
+// would hold in the dK/dV product, as the main kernel's unsplit epilogue
+// writes them.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads)
+    bwd_convert_dkv_tail_kernel(const __grid_constant__ BwdParams params, const BwdTailSplit tail) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  const int task = tail.first_task + int(blockIdx.x);
+  const BwdTileCoord tile = bwd_main_tile_coord(params, task, ceil_div(params.seqlen_k, kBlockN), kHeadDim);
+  const int n_block = tile.block_order;
+  const int head_k = tile.head % params.nheads_k;
+  const int batch = tile.head / params.nheads_k;
+  const int tid = threadIdx.x;
+  const SeqInfo seq(params, batch, std::false_type{});
+  auto [gK, gV, gdK, gdV] = key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
+  const int rows_valid = seq.seqlen_k_rows - n_block * kBlockN;
+  __shared__ __align__(128) Element smem_stage[kBlockN * kHeadDim];
+  Tensor sStage = make_tensor(make_smem_ptr(smem_stage), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+
+  typename Traits::TiledMmadKV mma_dkv;
+  Tensor acc = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
+  const float* slot = tail.dkv_accum + int64_t(blockIdx.x) * (2 * kBlockN * kHeadDim);
+  load_tile_accum<Traits::kNThreads>(acc, slot, tid);
+  store_tile_staged<Traits>(mma_dkv, acc, sStage, gdK, rows_valid, params.softmax_scale, tid);
+  __syncthreads();  // every thread's dK row segments are out of the stage
+  load_tile_accum<Traits::kNThreads>(acc, slot + kBlockN * kHeadDim, tid);
+  store_tile_staged<Traits>(mma_dkv, acc, sStage, gdV, rows_valid, 1.f, tid);
 }
 
 }  // namespace flashtile::sm80

@@ -20,6 +20,10 @@
 //     dV += Pᵀ·dO_i, dK += dSᵀ·Q_i              (registers, all iterations)
 //   write dK · scale and dV
 //
+// A CTA of a split tail (bwd_tail_split.hpp) runs a slice of its key block's
+// iterations and adds its partial dK and dV into the workspace's tail
+// accumulator instead.
+//
 // Two barriers per query block: one when its loads have landed (which also
 // frees the other buffer and P/dS for reuse), one when P and dS are staged;
 // with dO single-buffered (kSingleBufferDo) a third after the dV product.
@@ -41,6 +45,7 @@
 #include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
+#include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm80/gemm.hpp"
@@ -54,7 +59,8 @@ using namespace cute;
 // softcap/ALiBi backward 7–10 % slower (benchmarks/NOTES.md, "Dropout").
 template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod, bool kDropout, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum) {
+    bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum,
+                    const BwdTailSplit tail) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -65,15 +71,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   static_assert(Traits::kNThreads >= 2 * kBlockM, "one thread per row loads LSE, another D");
   static_assert(kBwdDqAccumRowAlign % kBlockM == 0, "dQ accumulator rows are whole query blocks");
   static_assert(kScoreMod || !kDropout, "dropout runs in the modified kernels");
+  // The kernels whose CTAs are all alike split their grid's tail; the
+  // others ignore `tail` and carry none of its code.
+  constexpr bool kCanSplit = kAccumulateDq && kMask == MaskKind::kNone && !kScoreMod && !kVarlen;
+  static_assert(kBlockN <= kBwdTailMaxBlockN, "a tail slot holds kBwdTailMaxBlockN keys");
 
   extern __shared__ __align__(128) char smem[];
 
-  // The 1-D grid in bands of heads (bwd_schedule.hpp). A CTA streams the Q,
-  // dO (2 bytes each) and fp32 dQ accumulator rows of its group's query heads.
+  // The 1-D grid in bands of heads (bwd_schedule.hpp); in a split tail
+  // several CTAs share a key block (bwd_tail_split.hpp).
   const int n_blocks = ceil_div(params.seqlen_k, kBlockN);
   const int group = params.nheads / params.nheads_k;
-  const BwdTileCoord tile = bwd_tile_coord(int(blockIdx.x), n_blocks, params.nheads_k * params.batch,
-                                           int64_t(group) * params.seqlen_q * kHeadDim * (2 + 2 + 4));
+  const BwdTailPart split_part = kCanSplit ? BwdTailPart(tail, int(blockIdx.x)) : BwdTailPart(int(blockIdx.x));
+  const BwdTileCoord tile = bwd_main_tile_coord(params, split_part.task, n_blocks, kHeadDim);
   const int n_block = tile.block_order;
   const int head_k = tile.head % params.nheads_k;
   const int batch = tile.head / params.nheads_k;
@@ -144,7 +154,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // (bwd_walk.hpp): iteration it -> query_block_of(it).
   const BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, group);
   const int masked_iterations = query_block_of.masked_iterations;
-  const int iterations = query_block_of.iterations;
+  // This CTA's iterations: all of them, or its part's slice in a split tail.
+  const int it_begin = kCanSplit ? split_part.begin(query_block_of.iterations) : 0;
+  const int it_end = kCanSplit ? split_part.end(query_block_of.iterations) : query_block_of.iterations;
 
   // The S/dP product's partition; the thread's (row, col) in its tile.
   typename Traits::TiledMmaSdP mma_sdp;
@@ -209,7 +221,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     kv_rows_valid);
   copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), tKVcKV,
                     kv_rows_valid);
-  if (iterations > 0) load_query_block(0, 0, true, true);
+  if (it_begin < it_end) load_query_block(it_begin, it_begin & 1, true, true);
   cp_async_fence();
 
   // The other two products' partitions.
@@ -269,7 +281,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       lse_rows = lse_next;
       dsum_rows = dsum_next;
     }
-    if (it + 1 < iterations) load_query_block(it + 1, buf ^ 1, true, !kSingleDo);
+    if (it + 1 < it_end) load_query_block(it + 1, buf ^ 1, true, !kSingleDo);
     cp_async_fence();
     const int do_buf = kSingleDo ? 0 : buf;
 
@@ -306,7 +318,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // block's, whose load then overlaps the dQ and dK products.
       gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, ldsm_dkv_a, ldsm_dkv_b);
       __syncthreads();
-      if (it + 1 < iterations) load_query_block(it + 1, 0, false, true);
+      if (it + 1 < it_end) load_query_block(it + 1, 0, false, true);
       cp_async_fence();
     }
 
@@ -321,12 +333,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // seqlen_q rounded up to whole blocks). Rows past seqlen_q add zeros
       // there (their dS is 0), so no row guard is needed.
       float* dq_block = dq_accum + (bwd_dq_accum_row(params, seq, head) + m_block * kBlockM) * kHeadDim;
-      constexpr int kVector = dq_accum_vector();
-      static_assert(decltype(size(acc_dq))::value % kVector == 0);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += kVector) {
-        atomic_add_vector<kVector>(dq_block + dq_accum_offset<Traits::kNThreads, kVector>(tid, i), acc_dq, i);
-      }
+      add_tile_atomic<Traits::kNThreads>(dq_block, acc_dq, tid);
     }
 
     if constexpr (!kSingleDo) {
@@ -341,20 +348,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     __syncthreads();
     copy(ldsm_sdp_b, tdPsV, ldsm_sdp_b.get_thread_slice(tid).retile_D(tdPrV));
   }
-  int it = 0;
+  int it = it_begin;
   if constexpr (kScoreMod) {
     // One body for every block, the mask applied throughout: with a second
     // body for the unmasked blocks ptxas stops inlining them (3.6–4.3 KB of
     // stack, the accumulators in local memory; d64, d128, d256 with
     // dropout, and d64 with softcap/ALiBi alone). The mask costs a few
     // compares per score next to the modifiers' work.
-    for (; it < iterations; ++it) process_query_block(it, std::true_type{});
+    for (; it < it_end; ++it) process_query_block(it, std::true_type{});
   } else {
-    for (; it < masked_iterations; ++it) process_query_block(it, std::true_type{});
-    for (; it < iterations; ++it) process_query_block(it, std::false_type{});
+    const int masked_end = kCanSplit ? min(masked_iterations, it_end) : masked_iterations;
+    for (; it < masked_end; ++it) process_query_block(it, std::true_type{});
+    for (; it < it_end; ++it) process_query_block(it, std::false_type{});
   }
 
   cp_async_wait<0>();  // no copy left in flight on any path (the loop waited on the last one)
+  if constexpr (kCanSplit) {
+    if (split_part.parts > 1) {  // a slice of a split key block: add, the convert kernel scales and writes
+      float* slot = tail.dkv_accum + int64_t(split_part.task - tail.first_task) * (2 * kBlockN * kHeadDim);
+      add_tile_atomic<Traits::kNThreads>(slot, acc_dk, tid);
+      add_tile_atomic<Traits::kNThreads>(slot + kBlockN * kHeadDim, acc_dv, tid);
+      return;
+    }
+  }
   // dK = scale · Σ dSᵀ·Q; dV = Σ Pᵀ·dO, staged in sK and sV once every warp
   // is past the last products that read them.
   __syncthreads();

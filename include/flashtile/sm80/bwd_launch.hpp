@@ -1,6 +1,9 @@
 // Host launcher for the SM80 backward of one (head dim, dtype): rowsum(dO ∘ O)
-// (which also zeroes the fp32 dQ accumulator), then either
-//   - the main kernel with dQ atomics, and dQ's conversion (the default), or
+// (which also zeroes the fp32 dQ accumulator and the split tail's), then either
+//   - the main kernel with dQ atomics, and dQ's conversion (the default;
+//     without a mask the main kernel may split its grid's last wave,
+//     bwd_tail_split.hpp, and a third kernel writes those key blocks'
+//     dK and dV), or
 //   - the main kernel for dK and dV only, and the dQ kernel, which sums dQ in
 //     a fixed order (params.deterministic).
 #pragma once
@@ -14,6 +17,7 @@
 #include "flashtile/sm80/bwd_aux_kernels.hpp"
 #include "flashtile/sm80/bwd_dq_kernel.hpp"
 #include "flashtile/sm80/bwd_kernel.hpp"
+#include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/device.hpp"
 #include "flashtile/sm90/bwd_kernel.hpp"
@@ -54,6 +58,40 @@ auto* dkdv_kernel_for(bool varlen, bool dropout) {
     }
     return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
                   : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
+  }
+}
+
+// Launches a main kernel from dkdv_kernel_for; the wgmma kernel takes no
+// tail split.
+template <class Traits, class Kernel>
+cudaError_t launch_dkdv(Kernel* kernel, dim3 grid, cudaStream_t stream, const BwdParams& params, float* dq_accum,
+                        const float* dsum, const BwdTailSplit& tail) {
+  if constexpr (Traits::kWgmma) {
+    return launch_with_smem<Traits::kSmemBytes>(kernel, grid, Traits::kNThreads, stream, params, dq_accum, dsum);
+  } else {
+    return launch_with_smem<Traits::kSmemBytes>(kernel, grid, Traits::kNThreads, stream, params, dq_accum, dsum,
+                                                tail);
+  }
+}
+
+// Only the plain SM80 main kernel without a mask splits its tail (on a
+// fixed-length batch, with dQ atomics): its CTAs are all alike.
+template <class Traits, MaskKind kMask, bool kScoreMod>
+constexpr bool kSplitsTail = !Traits::kWgmma && kMask == MaskKind::kNone && !kScoreMod;
+
+// The tail split of a launch of `tasks` key blocks.
+template <class Traits, MaskKind kMask, bool kScoreMod>
+BwdTailSplit tail_split_for(const BwdParams& params, const BwdWorkspace& ws, int tasks) {
+  BwdTailSplit no_split;
+  no_split.first_task = tasks;
+  if constexpr (!kSplitsTail<Traits, kMask, kScoreMod>) {
+    return no_split;
+  } else {
+    if (params.deterministic || is_varlen(params)) return no_split;
+    constexpr auto* kKernel = &bwd_dkdv_kernel<Traits, kMask, true, false, false, false>;
+    const int iterations = params.nheads / params.nheads_k * ceil_div(params.seqlen_q, Traits::kBlockM);
+    return plan_bwd_tail_split(tasks, resident_ctas<kKernel, Traits::kNThreads, Traits::kSmemBytes>(), iterations,
+                               bwd_dkv_tail_tasks(params), ws.dkv_tail);
   }
 }
 
@@ -100,14 +138,21 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
     rows_params.seqlen_q = params.total_q;
     rows_params.cu_seqlens_q = nullptr;
   }
-  // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode).
+  // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
+  // keeps them within 2^31 − 1 blocks (a split tail adds fewer blocks than
+  // one wave holds).
+  const int tasks = ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch;
+  const BwdTailSplit tail = tail_split_for<Traits, kMask, kScoreMod>(params, ws, tasks);
+  const int split_tasks = tasks - tail.first_task;
+  const dim3 dkdv_grid(unsigned(tail.grid_blocks(tasks)));
+
+  // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode); the
+  // split tail's slots follow it, so one range zeroes both.
+  const size_t zero_bytes = ws.dq_accum_bytes + size_t(split_tasks) * 2 * Traits::kBlockN * kHeadDim * sizeof(float);
   bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
-      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(ws.dq_accum_bytes / sizeof(float4)));
+      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
 
-  // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
-  // keeps them within 2^31 − 1 blocks.
-  const dim3 dkdv_grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   // Fixed-length and variable-length batches run separate instantiations of
   // the main kernel (common/seqlen.hpp says why); the dQ and convert kernels
   // decide at run time.
@@ -116,8 +161,8 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   if (params.deterministic) {
     // No dQ accumulator in this mode (the kernel variant never touches it).
     auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, false, kScoreMod>(varlen, dropout);
-    cudaError_t err = launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params,
-                                                           static_cast<float*>(nullptr), dsum);
+    cudaError_t err = launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, static_cast<float*>(nullptr), dsum,
+                                          tail);
     if (err != cudaSuccess) return Status::kCudaError;
     const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
     auto* dq_kernel = dq_kernel_for<DqTraits, kMask, kScoreMod>(dropout);
@@ -126,12 +171,16 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   }
 
   auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
-  if (launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params, ws.dq_accum,
-                                           dsum) != cudaSuccess) {
+  if (launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, ws.dq_accum, dsum, tail) != cudaSuccess) {
     return Status::kCudaError;
   }
   const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
   bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, 0, stream>>>(params, ws.dq_accum);
+  if constexpr (kSplitsTail<Traits, kMask, kScoreMod>) {
+    if (tail.is_split()) {
+      bwd_convert_dkv_tail_kernel<Traits><<<unsigned(split_tasks), Traits::kNThreads, 0, stream>>>(params, tail);
+    }
+  }
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 

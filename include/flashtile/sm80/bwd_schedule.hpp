@@ -37,4 +37,14 @@ CUTE_HOST_DEVICE BwdTileCoord bwd_tile_coord(int block, int blocks_per_head, int
   return {within / heads_here, first_head + within % heads_here};
 }
 
+// The main kernels' (this path's and sm90's) tile for grid task `task`, one
+// key block of one K/V head: its CTA streams the Q, dO (2 bytes each) and
+// fp32 dQ accumulator rows of its K/V head's group of query heads.
+template <class Params>
+CUTE_HOST_DEVICE BwdTileCoord bwd_main_tile_coord(Params const& params, int task, int blocks_per_head, int head_dim) {
+  const int group = params.nheads / params.nheads_k;
+  return bwd_tile_coord(task, blocks_per_head, params.nheads_k * params.batch,
+                        int64_t(group) * params.seqlen_q * head_dim * (2 + 2 + 4));
+}
+
 }  // namespace flashtile::sm80

@@ -178,6 +178,35 @@ CUTE_DEVICE void atomic_add_vector(float* dst, Acc const& acc, int i) {
   }
 }
 
+// acc's tile += into dst, an fp32 tile in register order (dq_accum_offset;
+// the dQ accumulator's blocks, the split tail's dK and dV), with
+// dq_accum_vector() values per atomic add.
+template <int kNThreads, class Acc>
+CUTE_DEVICE void add_tile_atomic(float* dst, Acc const& acc, int tid) {
+  constexpr int kVector = dq_accum_vector();
+  static_assert(decltype(size(acc))::value % kVector == 0);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += kVector) {
+    atomic_add_vector<kVector>(dst + dq_accum_offset<kNThreads, kVector>(tid, i), acc, i);
+  }
+}
+
+// acc = the tile add_tile_atomic summed into src (the convert kernels).
+template <int kNThreads, class Acc>
+CUTE_DEVICE void load_tile_accum(Acc& acc, const float* src, int tid) {
+  constexpr int kVector = dq_accum_vector();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += kVector) {
+    const float* values = src + dq_accum_offset<kNThreads, kVector>(tid, i);
+    if constexpr (kVector == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(values);
+      acc(i) = v.x, acc(i + 1) = v.y, acc(i + 2) = v.z, acc(i + 3) = v.w;
+    } else {
+      acc(i) = *values;
+    }
+  }
+}
+
 // A backward CTA's key block: its K and V tiles (the attended keys, seqlen_k
 // rows) and its dK and dV outputs (the sequence's rows, seqlen_k_rows), each
 // (kBlockN, kHeadDim).

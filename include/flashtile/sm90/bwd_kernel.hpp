@@ -53,8 +53,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int n_blocks = ceil_div(params.seqlen_k, kBlockN);
   const int group = params.nheads / params.nheads_k;
-  const sm80::BwdTileCoord tile = sm80::bwd_tile_coord(int(blockIdx.x), n_blocks, params.nheads_k * params.batch,
-                                                       int64_t(group) * params.seqlen_q * kHeadDim * (2 + 2 + 4));
+  const sm80::BwdTileCoord tile = sm80::bwd_main_tile_coord(params, int(blockIdx.x), n_blocks, kHeadDim);
   const int n_block = tile.block_order;
   const int head_k = tile.head % params.nheads_k;
   const int batch = tile.head / params.nheads_k;

@@ -1,0 +1,83 @@
+// The main backward kernel's split tail. Without a mask every CTA of the
+// main kernel does the same work (one key block, every query block), so the
+// grid runs in whole waves of SMs × CTAs-per-SM, and a last, partial wave
+// keeps the GPU as long as a full one with most SMs idle. On the H200 that
+// cost 2.2–3.3 % at head dim 96's benchmark shapes (2688 CTAs: 20.36 waves
+// of 132), against grids of whole waves (benchmarks/NOTES.md, "The main
+// kernel's last wave").
+//
+// When that last wave holds at most half the slots, each of its key blocks
+// is split into `parts` CTAs along its query blocks (the walk's iterations):
+// the tail then takes 1/parts of a wave. A split CTA adds its partial dK
+// and dV (fp32, unscaled, in the dK/dV product's register order) into the
+// workspace's tail accumulator with atomics, and bwd_convert_dkv_tail_kernel
+// (bwd_aux_kernels.hpp) writes them out after the main kernel. Only the
+// plain, fixed-length, mask-free kernels with dQ atomics split; causal and
+// local CTAs differ in length and are scheduled longest-first instead
+// (bwd_schedule.hpp).
+#pragma once
+
+#include <cute/config.hpp>
+
+#include "flashtile/workspace.hpp"
+
+namespace flashtile::sm80 {
+
+// At most this many CTAs per split key block: each adds 2 · kBlockN ·
+// kHeadDim fp32 atomics and loads K and V once more.
+constexpr int kBwdTailMaxParts = 8;
+
+// Grid blocks [0, first_task) are one key block (task) each; the blocks
+// from first_task on are `parts` CTAs per key block, task first_task + j /
+// parts taking part j % parts. No split: parts == 1 and first_task the task
+// count.
+struct BwdTailSplit {
+  float* dkv_accum = nullptr;  // slot t − first_task: dK then dV, each (kBlockN · kHeadDim) floats
+  int first_task = 0;
+  int parts = 1;
+
+  CUTE_HOST_DEVICE int grid_blocks(int tasks) const { return first_task + (tasks - first_task) * parts; }
+  CUTE_HOST_DEVICE bool is_split() const { return parts > 1; }
+};
+
+// The split for a grid of `tasks` equal CTAs, of `iterations` query blocks
+// each, on `slots` CTAs that run at once; at most `max_tasks` key blocks
+// (the workspace's room, bwd_dkv_tail_tasks) are split.
+inline BwdTailSplit plan_bwd_tail_split(int tasks, int slots, int iterations, int max_tasks, float* dkv_accum) {
+  BwdTailSplit split;
+  split.dkv_accum = dkv_accum;
+  split.first_task = tasks;
+  const int rest = slots > 0 ? tasks % slots : 0;
+  if (rest == 0 || 2 * rest > slots || rest > max_tasks) return split;
+  int parts = slots / rest;
+  if (parts > iterations) parts = iterations;
+  if (parts > kBwdTailMaxParts) parts = kBwdTailMaxParts;
+  if (parts < 2) return split;
+  split.first_task = tasks - rest;
+  split.parts = parts;
+  return split;
+}
+
+// A main-kernel CTA's share of the split: its key block (task) and which
+// of `parts` slices of the walk's iterations it runs.
+struct BwdTailPart {
+  int task;
+  int part;
+  int parts;
+
+  // A CTA of a kernel that does not split: the whole of key block `block`.
+  CUTE_HOST_DEVICE explicit BwdTailPart(int block) : task(block), part(0), parts(1) {}
+  CUTE_HOST_DEVICE BwdTailPart(BwdTailSplit const& split, int block) : task(block), part(0), parts(1) {
+    if (block >= split.first_task) {
+      const int j = block - split.first_task;
+      task = split.first_task + j / split.parts;
+      part = j % split.parts;
+      parts = split.parts;
+    }
+  }
+  // This part's iterations [begin, end) of a key block's `iterations`.
+  CUTE_HOST_DEVICE int begin(int iterations) const { return part * iterations / parts; }
+  CUTE_HOST_DEVICE int end(int iterations) const { return (part + 1) * iterations / parts; }
+};
+
+}  // namespace flashtile::sm80
