@@ -314,6 +314,9 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   p.seqlen_k = static_cast<int>(K.shape(1));
   p.nheads_k = static_cast<int>(K.shape(2));
   p.deterministic = deterministic;
+  p.causal = causal;  // with the window, decides the split tail's share of the workspace
+  p.window_left = window_left;
+  p.window_right = window_right;
   set_varlen(p, varlen, device);
   require(workspace.nbytes() >= flashtile::bwd_workspace_bytes(p),
           "workspace is smaller than bwd_workspace_bytes()");
@@ -329,9 +332,6 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
   dK.strides(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
   dV.strides(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.softmax_scale = softmax_scale;
-  p.causal = causal;
-  p.window_left = window_left;
-  p.window_right = window_right;
   p.dtype = dtype;
   set_score_mod(p, softcap, alibi_slopes, device);
   set_dropout(p, dropout_p, dropout_seed, device);
