@@ -22,7 +22,7 @@ namespace flashtile {
 struct BwdWorkspace {
   float* dq_accum;
   size_t dq_accum_bytes;
-  float* dkv_tail;  // kBwdTailMaxTasks slots of 2 · kBwdTailMaxBlockN · head_dim floats, or none
+  float* dkv_tail;  // bwd_dkv_tail_tasks slots of 2 · kBwdTailMaxBlockN · head_dim floats, or none
   size_t dkv_tail_bytes;
   float* dsum;
 };
@@ -64,9 +64,12 @@ inline size_t bwd_dq_accum_bytes(const BwdParams& p) {
 }
 
 // The split tail's key blocks (sm80/bwd_tail_split.hpp): at most this many
-// per backward, each of at most kBwdTailMaxBlockN keys. 64 is half the
-// H100/H200's 132 SMs, rounded down: a tail is split only when it fills at
-// most half a wave.
+// per backward, each of at most kBwdTailMaxBlockN keys. A tail is split
+// only when it fills at most half a wave; 64 is a little under half the
+// H100/H200's 132 SMs, so there a last wave of 65 or 66 blocks stays whole.
+// The room is reserved for every backward that may split; the softcap/ALiBi/
+// dropout kernels, the sm90 kernel and head dims whose kBlockN is 64 use
+// less of it or none.
 constexpr int kBwdTailMaxTasks = 64;
 constexpr int kBwdTailMaxBlockN = 128;
 

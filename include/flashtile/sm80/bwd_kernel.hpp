@@ -357,6 +357,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // compares per score next to the modifiers' work.
     for (; it < it_end; ++it) process_query_block(it, std::true_type{});
   } else {
+    // (Unsplit, it_end is all iterations and masked_iterations never more;
+    // the min stays out of those kernels' code.)
     const int masked_end = kCanSplit ? min(masked_iterations, it_end) : masked_iterations;
     for (; it < masked_end; ++it) process_query_block(it, std::true_type{});
     for (; it < it_end; ++it) process_query_block(it, std::false_type{});

@@ -89,6 +89,8 @@ BwdTailSplit tail_split_for(const BwdParams& params, const BwdWorkspace& ws, int
   } else {
     if (params.deterministic || is_varlen(params)) return no_split;
     constexpr auto* kKernel = &bwd_dkdv_kernel<Traits, kMask, true, false, false, false>;
+    // BwdQueryWalk's iterations without a mask: every query block of each
+    // query head of the group.
     const int iterations = params.nheads / params.nheads_k * ceil_div(params.seqlen_q, Traits::kBlockM);
     return plan_bwd_tail_split(tasks, resident_ctas<kKernel, Traits::kNThreads, Traits::kSmemBytes>(), iterations,
                                bwd_dkv_tail_tasks(params), ws.dkv_tail);

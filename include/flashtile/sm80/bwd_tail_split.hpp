@@ -19,6 +19,8 @@
 
 #include <cute/config.hpp>
 
+#include <cstdint>
+
 #include "flashtile/workspace.hpp"
 
 namespace flashtile::sm80 {
@@ -76,8 +78,8 @@ struct BwdTailPart {
     }
   }
   // This part's iterations [begin, end) of a key block's `iterations`.
-  CUTE_HOST_DEVICE int begin(int iterations) const { return part * iterations / parts; }
-  CUTE_HOST_DEVICE int end(int iterations) const { return (part + 1) * iterations / parts; }
+  CUTE_HOST_DEVICE int begin(int iterations) const { return int(int64_t(part) * iterations / parts); }
+  CUTE_HOST_DEVICE int end(int iterations) const { return int(int64_t(part + 1) * iterations / parts); }
 };
 
 }  // namespace flashtile::sm80

@@ -195,6 +195,7 @@ CUTE_DEVICE void add_tile_atomic(float* dst, Acc const& acc, int tid) {
 template <int kNThreads, class Acc>
 CUTE_DEVICE void load_tile_accum(Acc& acc, const float* src, int tid) {
   constexpr int kVector = dq_accum_vector();
+  static_assert(decltype(size(acc))::value % kVector == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += kVector) {
     const float* values = src + dq_accum_offset<kNThreads, kVector>(tid, i);

@@ -23,25 +23,31 @@ inline Status check_smem_per_block(int bytes) {
 
 // The CTAs of kKernel (kThreads threads, kSmemBytes of dynamic shared
 // memory) that the current GPU runs at once: SMs × CTAs per SM; 0 when the
-// device cannot be queried. Queried once per device (the launch path's host
-// time).
+// device cannot be queried (the error consumed, so the caller just does not
+// split). Queried once per device (the launch path's host time).
 template <auto kKernel, int kThreads, int kSmemBytes>
 int resident_ctas() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];  // 0: not queried yet
+  auto failed = [] {
+    (void)cudaGetLastError();
+    return 0;
+  };
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return failed();
   if (device < kMaxDevices) {
     const int ctas = cached[device].load(std::memory_order_relaxed);
     if (ctas > 0) return ctas;
   }
   int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return failed();
   if (kSmemBytes > 48 * 1024 &&
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
-    return 0;
+    return failed();
   }
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, kSmemBytes) != cudaSuccess) return 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, kSmemBytes) != cudaSuccess) {
+    return failed();
+  }
   if (device < kMaxDevices) cached[device].store(sms * per_sm, std::memory_order_relaxed);
   return sms * per_sm;
 }
