@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
   typename Traits::TiledMmadKV mma_dkv;
   Tensor acc = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
-  const float* slot = tail.dkv_accum + int64_t(blockIdx.x) * (2 * kBlockN * kHeadDim);
+  const float* slot = tail.slot<kBlockN, kHeadDim>(task);
   load_tile_accum<Traits::kNThreads>(acc, slot, tid);
   store_tile_staged<Traits>(mma_dkv, acc, sStage, gdK, rows_valid, params.softmax_scale, tid);
   __syncthreads();  // every thread's dK row segments are out of the stage

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   static_assert(kScoreMod || !kDropout, "dropout runs in the modified kernels");
   // The kernels whose CTAs are all alike split their grid's tail; the
   // others ignore `tail` and carry none of its code.
-  constexpr bool kCanSplit = kAccumulateDq && kMask == MaskKind::kNone && !kScoreMod && !kVarlen;
+  constexpr bool kCanSplit = kBwdTailSplittable<kMask, kScoreMod> && kAccumulateDq && !kVarlen;
   static_assert(kBlockN <= kBwdTailMaxBlockN, "a tail slot holds kBwdTailMaxBlockN keys");
 
   extern __shared__ __align__(128) char smem[];
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   cp_async_wait<0>();  // no copy left in flight on any path (the loop waited on the last one)
   if constexpr (kCanSplit) {
     if (split_part.parts > 1) {  // a slice of a split key block: add, the convert kernel scales and writes
-      float* slot = tail.dkv_accum + int64_t(split_part.task - tail.first_task) * (2 * kBlockN * kHeadDim);
+      float* slot = tail.slot<kBlockN, kHeadDim>(split_part.task);
       add_tile_atomic<Traits::kNThreads>(slot, acc_dk, tid);
       add_tile_atomic<Traits::kNThreads>(slot + kBlockN * kHeadDim, acc_dv, tid);
       return;

@@ -77,7 +77,7 @@ cudaError_t launch_dkdv(Kernel* kernel, dim3 grid, cudaStream_t stream, const Bw
 // Only the plain SM80 main kernel without a mask splits its tail (on a
 // fixed-length batch, with dQ atomics): its CTAs are all alike.
 template <class Traits, MaskKind kMask, bool kScoreMod>
-constexpr bool kSplitsTail = !Traits::kWgmma && kMask == MaskKind::kNone && !kScoreMod;
+constexpr bool kSplitsTail = !Traits::kWgmma && kBwdTailSplittable<kMask, kScoreMod>;
 
 // The tail split of a launch of `tasks` key blocks.
 template <class Traits, MaskKind kMask, bool kScoreMod>
@@ -150,7 +150,7 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
 
   // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode); the
   // split tail's slots follow it, so one range zeroes both.
-  const size_t zero_bytes = ws.dq_accum_bytes + size_t(split_tasks) * 2 * Traits::kBlockN * kHeadDim * sizeof(float);
+  const size_t zero_bytes = ws.dq_accum_bytes + tail.slot_bytes<Traits::kBlockN, kHeadDim>(tasks);
   bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
       rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;

@@ -19,11 +19,25 @@
 
 #include <cute/config.hpp>
 
+#include <cstddef>
 #include <cstdint>
 
+#include "flashtile/common/mask.hpp"
 #include "flashtile/workspace.hpp"
 
 namespace flashtile::sm80 {
+
+// The kernels whose CTAs are all alike, so whose grid can split its tail:
+// no mask and no score modifiers. The main kernel adds its own terms
+// (fixed-length, dQ atomics), the launcher its own (the SM80 kernel, not
+// the deterministic mode); neither splits otherwise.
+template <MaskKind kMask, bool kScoreMod>
+constexpr bool kBwdTailSplittable = kMask == MaskKind::kNone && !kScoreMod;
+
+// One split key block's slot in the tail accumulator: its dK, then its dV,
+// each (kBlockN · kHeadDim) fp32 in the dK/dV product's register order.
+template <int kBlockN, int kHeadDim>
+constexpr int kBwdTailSlotFloats = 2 * kBlockN * kHeadDim;
 
 // At most this many CTAs per split key block: each adds 2 · kBlockN ·
 // kHeadDim fp32 atomics and loads K and V once more.
@@ -34,12 +48,23 @@ constexpr int kBwdTailMaxParts = 8;
 // parts taking part j % parts. No split: parts == 1 and first_task the task
 // count.
 struct BwdTailSplit {
-  float* dkv_accum = nullptr;  // slot t − first_task: dK then dV, each (kBlockN · kHeadDim) floats
+  float* dkv_accum = nullptr;  // slot t − first_task of each split key block t (kBwdTailSlotFloats)
   int first_task = 0;
   int parts = 1;
 
   CUTE_HOST_DEVICE int grid_blocks(int tasks) const { return first_task + (tasks - first_task) * parts; }
   CUTE_HOST_DEVICE bool is_split() const { return parts > 1; }
+  // Split key block `task`'s slot.
+  template <int kBlockN, int kHeadDim>
+  CUTE_HOST_DEVICE float* slot(int task) const {
+    return dkv_accum + int64_t(task - first_task) * kBwdTailSlotFloats<kBlockN, kHeadDim>;
+  }
+  // The bytes of every slot of a grid of `tasks` key blocks: the range the
+  // split CTAs add into, zeroed before the main kernel.
+  template <int kBlockN, int kHeadDim>
+  size_t slot_bytes(int tasks) const {
+    return size_t(tasks - first_task) * kBwdTailSlotFloats<kBlockN, kHeadDim> * sizeof(float);
+  }
 };
 
 // The split for a grid of `tasks` equal CTAs, of `iterations` query blocks
