@@ -121,6 +121,15 @@ def test_varlen_every_head_dim_and_dtype(dtype_name, head_dim, causal):
                  dtype=DTYPES[dtype_name], causal=causal)
 
 
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_varlen_d64_longer_than_the_short_tile(dtype_name):
+    """d64 without a mask switches tiles at 2048 keys (FwdShortConfig), on
+    max_seqlen_k: a batch whose longest sequence is past it runs 128 x 64
+    tiles for every sequence, the short ones too."""
+    require_built(64, dtype_name)
+    check_varlen([70, 0, 129], [2100, 1, 300], nheads=4, nheads_k=2, head_dim=64, dtype=DTYPES[dtype_name])
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [128, 192])  # 192: the wgmma backward's own early exit on sm90
 def test_varlen_seqused_k(head_dim, causal):

@@ -654,6 +654,8 @@ int main() {
   check_fwd_config<FwdTraitsFor<128, false, cutlass::half_t>>("fwd d128 fp16");
   check_fwd_config<FwdTraitsFor<32, false, cutlass::bfloat16_t>>("fwd d32");
   check_fwd_config<FwdTraitsFor<64, false, cutlass::bfloat16_t>>("fwd d64");
+  check_fwd_config<flashtile::sm80::FwdShortTraitsFor<64, cutlass::bfloat16_t>>("fwd d64 short keys");
+  check_fwd_config<flashtile::sm80::FwdShortTraitsFor<64, cutlass::half_t>>("fwd d64 short keys fp16");
   check_fwd_config<FwdTraitsFor<96, false, cutlass::bfloat16_t>>("fwd d96");
   check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t>>("fwd d128");
   check_fwd_config<FwdTraitsFor<192, false, cutlass::bfloat16_t>>("fwd d192");

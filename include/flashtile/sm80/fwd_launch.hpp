@@ -50,6 +50,12 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   Status status;
   switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
     case MaskKind::kNone:
+      if constexpr (!kScoreMod && FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
+        if (p.seqlen_k <= FwdShortConfig<kHeadDim>::kMaxSeqlenK) {
+          status = launch_fwd<FwdShortTraitsFor<kHeadDim, Element>, MaskKind::kNone>(p, stream);
+          break;
+        }
+      }
       status = launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone, kScoreMod>(p, stream);
       break;
     case MaskKind::kCausal:

@@ -22,8 +22,10 @@ using namespace cute;
 // (kBlockM + 2·kBlockN) · head_dim · 2 B = 32 KB (d64), 64 KB (d128); ~235
 // and 255 registers a thread, so two CTAs share an SM.
 // Measured on the H200 (bf16, seqlen 16k, benchmarks/NOTES.md): d64 128×64
-// beats FlashAttention-2's 128×128 (329 vs 290 TFLOP/s; S needs half the
-// registers); d128 128×64 beats 128×32 (382 vs 358), 64×64 and 8 warps.
+// beats FlashAttention-2's 128×128 (329 vs 290 TFLOP/s with the first
+// kernel, 333 vs 325 with today's; S needs half the registers, 128×128
+// spills); d128 128×64 beats 128×32 (382 vs 358), 64×64 and 8 warps. Short
+// key sequences can switch tiles (FwdShortConfig below).
 template <int kHeadDim, bool kIsCausal>
 struct FwdConfig;
 template <bool kIsCausal>
@@ -59,6 +61,29 @@ struct FwdConfig<256, false> {
 template <>
 struct FwdConfig<256, true> {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4;
+};
+
+// Short key sequences: the plain kernel without a mask switches to this
+// tile when seqlen_k <= kMaxSeqlenK (run_fwd). A CTA there walks few key
+// blocks, so its fixed costs (the prologue's loads, the epilogue) weigh
+// more; a wider key block halves the blocks and their barriers (the
+// measured gain; its cause is not profiled). Head dims without a measured
+// gain have kMaxSeqlenK = 0.
+template <int kHeadDim>
+struct FwdShortConfig {
+  static constexpr int kMaxSeqlenK = 0;
+};
+// d64: 128 × 128 (FlashAttention-2's d64 tile; 255 registers, 120 B of
+// stack) against FwdConfig's 128 × 64, H200, bf16, batch · seqlen = 16k
+// tokens, 32 heads, TFLOP/s, three interleaved runs of
+// bench_attention.py (benchmarks/NOTES.md, "The d64 forward at short
+// sequences"): 512 258 -> 266, 1k 292 -> 297, 2k 313 -> 313, 4k 326 ->
+// 322, 8k 324 -> 316, 16k 333 -> 325. The softcap/ALiBi/dropout kernels
+// lost 1-9 % on it at 1k, 4k and 16k and keep FwdConfig's tile.
+template <>
+struct FwdShortConfig<64> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
+  static constexpr int kMaxSeqlenK = 2048;
 };
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
@@ -108,5 +133,8 @@ struct FwdTraits {
 template <int kHeadDim, bool kIsCausal, class Element>
 using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, kIsCausal>::kBlockM, FwdConfig<kHeadDim, kIsCausal>::kBlockN,
                                FwdConfig<kHeadDim, kIsCausal>::kNWarps, Element>;
+template <int kHeadDim, class Element>
+using FwdShortTraitsFor = FwdTraits<kHeadDim, FwdShortConfig<kHeadDim>::kBlockM, FwdShortConfig<kHeadDim>::kBlockN,
+                                    FwdShortConfig<kHeadDim>::kNWarps, Element>;
 
 }  // namespace flashtile::sm80
