@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks
+from kernel_names import cuda_kernel_names
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
@@ -507,11 +508,7 @@ def backward_kernel_names(q, k, v, causal, deterministic=False):
     """The CUDA kernels one forward + backward launches, by name."""
     out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
     dout = torch.randn_like(out)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-    return [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    return cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout))[1]
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -6,7 +6,6 @@ single tests for batch 7, layouts, packing, streams and torch.compile.
 Combinations missing from this build's kernel table are skipped with a reason.
 """
 
-import re
 import types
 
 import pytest
@@ -17,6 +16,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks, _ops
+from kernel_names import cuda_kernel_names, fwd_tile_of
 from reference import assert_close_fa_rule, attention_ref
 
 KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
@@ -99,36 +99,16 @@ def test_batch7(seqlen_q, seqlen_k, causal):
     run_and_check(q, k, v, causal)
 
 
-def forward_kernel_names(q, k, v, **kwargs):
-    """flash_attn_func's (out, lse) and the CUDA kernels it launched, by name."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out, lse, _ = flashtile.flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
-        torch.cuda.synchronize()
-    return out, lse, [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-
-
-def fwd_tile_of(names):
-    """(kBlockM, kBlockN) of the forward kernel among `names`, from its
-    FwdTraits<head_dim, kBlockM, kBlockN, ...> argument (demangled or not)."""
-    for name in names:
-        if "fwd_kernel" in name:
-            found = (re.search(r"FwdTraits<\d+, (\d+), (\d+),", name)
-                     or re.search(r"FwdTraitsILi\d+ELi(\d+)ELi(\d+)E", name))
-            assert found, name
-            return int(found[1]), int(found[2])
-    raise AssertionError(f"no forward kernel among {names}")
-
-
-@pytest.mark.parametrize("seqlen_k, tile", [(2048, (128, 128)), (2049, (128, 64))])
+@pytest.mark.parametrize("seqlen_k, tile", [(2047, (128, 128)), (2048, (128, 128)), (2049, (128, 64))])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_d64_key_tile_switch(dtype, seqlen_k, tile):
     """d64 without a mask runs 128 x 128 tiles up to 2048 keys and 128 x 64
     above (FwdShortConfig): both sides of the switch against the reference,
-    and the profiler names the tile that ran."""
+    and the profiler names the tile that ran (2047: the short tile's partial
+    last key block)."""
     require_built(64, dtype)
     q, k, v = rand_qkv(2, 300, seqlen_k, 4, 2, 64, dtype)
-    out, lse, names = forward_kernel_names(q, k, v)
+    (out, lse, _), names = cuda_kernel_names(lambda: flashtile.flash_attn_func(q, k, v, return_attn_probs=True))
     assert fwd_tile_of(names) == tile
     check_against_reference(q, k, v, out, lse, False)
 

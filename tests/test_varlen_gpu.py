@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks
+from kernel_names import cuda_kernel_names, fwd_tile_of
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -121,13 +122,17 @@ def test_varlen_every_head_dim_and_dtype(dtype_name, head_dim, causal):
                  dtype=DTYPES[dtype_name], causal=causal)
 
 
+@pytest.mark.parametrize("lens_k, tile", [([2100, 1, 300], (128, 64)), ([2000, 1, 300], (128, 128))],
+                         ids=["past-2048", "within-2048"])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_varlen_d64_longer_than_the_short_tile(dtype_name):
-    """d64 without a mask switches tiles at 2048 keys (FwdShortConfig), on
-    max_seqlen_k: a batch whose longest sequence is past it runs 128 x 64
-    tiles for every sequence, the short ones too."""
+def test_varlen_d64_key_tile_switch(dtype_name, lens_k, tile):
+    """d64 without a mask switches tiles at 2048 keys (FwdShortConfig) on
+    max_seqlen_k: every sequence of a batch runs its longest one's tile, on
+    both sides of the switch, and matches the reference."""
     require_built(64, dtype_name)
-    check_varlen([70, 0, 129], [2100, 1, 300], nheads=4, nheads_k=2, head_dim=64, dtype=DTYPES[dtype_name])
+    _, names = cuda_kernel_names(lambda: check_varlen([70, 0, 129], lens_k, nheads=4, nheads_k=2, head_dim=64,
+                                                      dtype=DTYPES[dtype_name]))
+    assert fwd_tile_of(names) == tile
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -30,7 +30,7 @@ namespace flashtile::sm80 {
 // The kernels whose CTAs are all alike, so whose grid can split its tail:
 // no mask and no score modifiers. The main kernel adds its own terms
 // (fixed-length, dQ atomics), the launcher its own (the SM80 kernel, not
-// the deterministic mode); neither splits otherwise.
+// the deterministic mode, not a varlen batch); neither splits otherwise.
 template <MaskKind kMask, bool kScoreMod>
 constexpr bool kBwdTailSplittable = kMask == MaskKind::kNone && !kScoreMod;
 

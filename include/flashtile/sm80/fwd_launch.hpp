@@ -1,6 +1,7 @@
 // Host launcher for the SM80 forward kernel of one (head dim, dtype, score
-// modifiers or not). The mask kind (none, causal, local window) picks one of
-// three instantiations; everything else is runtime.
+// modifiers or not). The mask kind (none, causal, local window) picks the
+// instantiation; without a mask the plain kernel also switches tiles on
+// seqlen_k (FwdShortConfig); everything else is runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -52,7 +53,7 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
     case MaskKind::kNone:
       if constexpr (!kScoreMod && FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
         if (p.seqlen_k <= FwdShortConfig<kHeadDim>::kMaxSeqlenK) {
-          status = launch_fwd<FwdShortTraitsFor<kHeadDim, Element>, MaskKind::kNone>(p, stream);
+          status = launch_fwd<FwdShortTraitsFor<kHeadDim, Element>, MaskKind::kNone, kScoreMod>(p, stream);
           break;
         }
       }

@@ -1,6 +1,8 @@
 // Tile configuration of the SM80 forward kernel: block shape, warps,
 // shared-memory layouts and swizzles, the TiledMMA and every copy atom, all
-// as types. FwdConfig is the one table that maps a head dim to its shape.
+// as types. FwdConfig maps a head dim and mask to its shape; FwdShortConfig
+// gives the plain kernel without a mask a second shape for short key
+// sequences.
 #pragma once
 
 #include <cute/algorithm/copy.hpp>
@@ -17,10 +19,11 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-// Block shapes per head dim. Both use 4 warps, each owning 16-row slices of
-// the query block (split-Q: no cross-warp softmax). Shared memory per CTA:
-// (kBlockM + 2·kBlockN) · head_dim · 2 B = 32 KB (d64), 64 KB (d128); ~235
-// and 255 registers a thread, so two CTAs share an SM.
+// Block shapes per head dim. Each warp owns 16-row slices of the query
+// block (split-Q: no cross-warp softmax). Shared memory per CTA:
+// (kBlockM + 2·kBlockN) · head_dim · 2 B, e.g. 32 KB (d64), 64 KB (d128);
+// d64 and d128 use 4 warps at ~235 and 255 registers a thread, so two CTAs
+// share an SM.
 // Measured on the H200 (bf16, seqlen 16k, benchmarks/NOTES.md): d64 128×64
 // beats FlashAttention-2's 128×128 (329 vs 290 TFLOP/s with the first
 // kernel, 333 vs 325 with today's; S needs half the registers, 128×128
@@ -73,13 +76,17 @@ template <int kHeadDim>
 struct FwdShortConfig {
   static constexpr int kMaxSeqlenK = 0;
 };
-// d64: 128 × 128 (FlashAttention-2's d64 tile; 255 registers, 120 B of
-// stack) against FwdConfig's 128 × 64, H200, bf16, batch · seqlen = 16k
-// tokens, 32 heads, TFLOP/s, three interleaved runs of
+// d64: 128 × 128 (FlashAttention-2's d64 tile; 48 KB of shared memory,
+// 255 registers and 120 B of stack for sm_90a with nvcc 13.0) against
+// FwdConfig's 128 × 64, H200, bf16, seqlen_q = seqlen_k, batch · seqlen =
+// 16k tokens, 32 heads, TFLOP/s, three interleaved runs of
 // bench_attention.py (benchmarks/NOTES.md, "The d64 forward at short
 // sequences"): 512 258 -> 266, 1k 292 -> 297, 2k 313 -> 313, 4k 326 ->
-// 322, 8k 324 -> 316, 16k 333 -> 325. The softcap/ALiBi/dropout kernels
-// lost 1-9 % on it at 1k, 4k and 16k and keep FwdConfig's tile.
+// 322, 8k 324 -> 316, 16k 333 -> 325. fp16 and seqlen_q != seqlen_k take
+// the same switch unmeasured. The softcap/ALiBi/dropout kernels lost 1-9 %
+// on it at 1k, 4k and 16k and keep FwdConfig's tile. A varlen batch
+// switches on its max_seqlen_k, so a looser bound can change a sequence's
+// rounding (not its correctness).
 template <>
 struct FwdShortConfig<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4;
