@@ -215,14 +215,16 @@ Variant variant_for(const Params& p) {
 
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma path's where one is built (registry.hpp: plain, some head
-// dims), else the sm80 path's. Needs params.workspace of
-// bwd_workspace_bytes(params) bytes.
+// dims) and the registry's arch limit allows it, else the sm80 path's. Needs
+// params.workspace of bwd_workspace_bytes(params) bytes.
 inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_bwd(p);
   if (ok != Status::kSuccess) return ok;
   const KernelRegistry& registry = KernelRegistry::instance();
   BwdLauncher launch = nullptr;
-  if (sm90::device_is_sm90()) launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
+  if (registry.arch_allowed(Arch::kSm90) && sm90::device_is_sm90()) {
+    launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
+  }
   if (!launch) launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);

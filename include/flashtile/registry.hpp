@@ -79,6 +79,12 @@ class KernelRegistry {
     return nullptr;
   }
 
+  // A dispatch limit for tests and benchmarks: with kSm80, callers skip the
+  // wgmma kernels and run the sm80 path's even on an sm90 device, so that
+  // one GPU exercises both paths. Process-wide; not for concurrent callers.
+  void limit_arch(Arch highest) { highest_arch_ = highest; }
+  bool arch_allowed(Arch arch) const { return static_cast<int>(arch) <= static_cast<int>(highest_arch_); }
+
   std::vector<KernelKey> keys() const {
     std::vector<KernelKey> out;
     for (const FwdEntry& e : fwd_) out.push_back(e.key);
@@ -96,6 +102,7 @@ class KernelRegistry {
   using BwdEntry = Entry<BwdLauncher>;
   std::vector<FwdEntry> fwd_;
   std::vector<BwdEntry> bwd_;
+  Arch highest_arch_ = Arch::kSm90;
 };
 
 }  // namespace flashtile

@@ -348,6 +348,12 @@ std::vector<std::tuple<std::string, std::string, int, std::string, std::string>>
   return out;
 }
 
+void limit_dispatch_arch(const std::string& highest) {
+  require(highest == "sm80" || highest == "sm90", "limit_dispatch_arch takes \"sm80\" or \"sm90\"");
+  flashtile::KernelRegistry::instance().limit_arch(highest == "sm80" ? flashtile::Arch::kSm80
+                                                                     : flashtile::Arch::kSm90);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -389,6 +395,10 @@ NB_MODULE(_C, m) {
         "deterministic, the split tail's dK/dV accumulator without a mask, and row sums); "
         "varlen_total_q >= 0: a variable-length batch of that many query rows (seqlen_q and "
         "seqlen_k its longest sequences').");
+  m.def("limit_dispatch_arch", &limit_dispatch_arch, nb::arg("highest"),
+        "Tests and benchmarks only: \"sm80\" makes every call run the sm80 (mma.sync) path's "
+        "kernels, even where an sm90 (wgmma) kernel is built and the GPU runs it; \"sm90\" (the "
+        "default) lifts the limit. Process-wide.");
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
 }
