@@ -28,20 +28,21 @@ Order of the checks
 -------------------
 1. options: types and ranges of the scalar arguments;
 2. tensors: Python type, rank, dtype, shapes against each other, head dim
-   (supported, then built), memory layout (contiguous last dim, strides
-   aligned);
+   (supported, then built);
 3. device placement, last.
 
-One check reads data pointers and so runs at launch, inside the custom op:
-:func:`check_pointer_alignment`.
+Any memory layout is accepted, as flash_attn does: the ops copy a tensor
+whose last dim is not contiguous, or whose start or other strides are not
+16-byte aligned, into a fresh contiguous one before the launch (_ops.py).
 
 Placement comes last on purpose: a tensor that is wrong in any other way gets
 the error that names that, whatever device it lives on, so the CPU suite can
 reach every check with CPU tensors, and a well-formed CPU tensor still fails
 (at step 3), so public behaviour always requires CUDA.
 
-Apart from that one, everything here reads only Python scalars and tensor
-metadata (shape, dtype, stride, device), never tensor data, so the checks run
+Everything here reads only Python scalars and tensor
+metadata (shape, dtype, stride, device), never tensor data (but for a
+``window_size`` given as a tensor, whose two values are read), so the checks run
 unchanged on fake tensors while ``torch.compile`` traces the public functions
 (``storage_offset()`` is left out for that reason: it breaks the graph).
 Containment tests compare with ``==`` against tuples (never hash a size), so
@@ -63,11 +64,12 @@ __all__ = [
     "DTYPE_NAMES",
     "fwd_combos",
     "check_options",
+    "window_pair",
+    "kernel_window",
+    "kernel_softcap",
     "check_softmax_scale",
     "check_fwd_tensors",
     "check_head_dim",
-    "check_layout",
-    "check_pointer_alignment",
     "check_devices",
     "check_alibi_slopes",
     "variant_for",
@@ -103,10 +105,6 @@ MAX_HEAD_DIM = 256  # flash_attn's limit, and the largest kernel's
 
 # torch dtype -> the name the extension's dispatch table uses.
 DTYPE_NAMES = ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
-
-# Elements per 16 bytes for 2-byte types: the kernels load global memory in
-# 16-byte vectors, so every row they address must start on a 16-byte boundary.
-_ALIGN_ELEMS = 8
 
 
 def _dtype_name(dtype: torch.dtype) -> str | None:
@@ -156,8 +154,8 @@ def fwd_combos(built_kernels, variant: str = "plain") -> tuple[tuple[int, str], 
 
 
 def variant_for(softcap, alibi_slopes, dropout_p=0.0) -> str:
-    """The kernel variant a call needs: "scoremod" with softcap, ALiBi or dropout."""
-    return "scoremod" if softcap != 0.0 or alibi_slopes is not None or dropout_p != 0.0 else "plain"
+    """The kernel variant a call needs: "scoremod" with softcap (> 0), ALiBi or dropout."""
+    return "scoremod" if softcap > 0.0 or alibi_slopes is not None or dropout_p != 0.0 else "plain"
 
 
 # --------------------------------------------------------------------------
@@ -200,22 +198,11 @@ def check_options(
     check_softmax_scale(softmax_scale)
     if isinstance(causal, torch.Tensor) or not isinstance(causal, (bool, numbers.Integral)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if isinstance(window_size, torch.Tensor) or not isinstance(window_size, (tuple, list)):
-        raise TypeError(
-            f"window_size must be a pair of ints (left, right), got {type(window_size).__name__}"
-        )
-    if len(window_size) != 2 or not all(
-        isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size
-    ):
-        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
-    if not all(w >= -1 for w in window_size):
-        raise ValueError(
-            f"window_size entries must be >= -1 (-1 means unbounded), got {tuple(window_size)}"
-        )
+    window_pair(window_size)
     if not _is_real(softcap):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    if not (0.0 <= softcap < math.inf):  # also false for NaN
-        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap}")
+    if softcap != softcap or softcap == math.inf:
+        raise ValueError(f"softcap must be a finite number (0 or less disables it), got {softcap}")
     if softcap > _FLOAT32_MAX or 0.0 < softcap < _FLOAT32_MIN_NORMAL:
         # Below float32's smallest normal number softcap would round to 0 (off)
         # or leave softmax_scale / softcap infinite.
@@ -227,24 +214,52 @@ def check_options(
         )
 
 
-def kernel_window(window_size, causal: bool, seqlen_k: int) -> tuple[int, int]:
-    """The (left, right) window the kernels get, as flash_attn 2.x makes it
-    (mha_fwd, then set_params_fprop): a side of seqlen_k or more becomes -1;
-    causal makes the right side 0; then, with the left side bounded, a right
-    side of -1 becomes seqlen_k. That last step matters when seqlen_q >
-    seqlen_k + 1: row i then sees keys up to i + 2 * seqlen_k - seqlen_q, not
-    all of them. (flash_attn also turns an unbounded left side into
-    seqlen_k when the right one is bounded; row i's left edge is then
-    i - seqlen_q < 0, the same as unbounded, so it stays -1 here and plain
-    causal keeps its own kernel.)"""
-    left, right = (int(w) for w in window_size)
-    left = -1 if left >= seqlen_k else left
-    right = -1 if right >= seqlen_k else right
+def window_pair(window_size) -> tuple[int, int]:
+    """(left, right) as Python ints from what flash_attn accepts: any
+    2-element sequence or tensor of integers (the public suite passes
+    ``torch.randint(0, seqlen_k, (2,))``); a negative side is unbounded, -1."""
+    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__"):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    sides = []
+    for side in window_size:
+        if isinstance(side, torch.Tensor) and (side.dim() != 0 or side.is_floating_point() or side.is_complex()):
+            raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+        if isinstance(side, bool) or not (isinstance(side, torch.Tensor) or hasattr(side, "__index__")):
+            raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+        sides.append(max(int(side), -1))
+    return sides[0], sides[1]
+
+
+def kernel_window(window_size, causal: bool, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """The (left, right) window the kernels get: the one asked for, with
+    causal setting the right side to 0, and a side that reaches past every
+    key from every row written as -1 (unbounded), so that such windows run
+    the causal or the mask-free kernel. Query row i sees key j iff
+    i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right:
+    the left side reaches key 0 from the last row once left >= seqlen_k - 1,
+    the right side key seqlen_k - 1 from row 0 once right >= seqlen_q - 1.
+    Varlen batches pass their max_seqlen_q and max_seqlen_k, bounds on every
+    sequence's lengths (the kernels clamp the lengths to them).
+
+    flash_attn 2.x's kernels differ from this (and from its docstring) when
+    seqlen_q > seqlen_k: they treat a side of seqlen_k or more as unbounded
+    and an unbounded right side next to a bounded left one as seqlen_k,
+    hiding keys its docstring's definition shows (docs/compatibility.md)."""
+    left, right = window_pair(window_size)
     if causal:
         right = 0
-    if left >= 0 and right < 0:
-        right = seqlen_k
+    if left >= max(seqlen_k - 1, 0):
+        left = -1
+    if right >= max(seqlen_q - 1, 0):
+        right = -1
     return left, right
+
+
+def kernel_softcap(softcap) -> float:
+    """softcap as the kernels take it: flash_attn turns off a softcap of 0 or less."""
+    return float(softcap) if softcap > 0 else 0.0
 
 
 # --------------------------------------------------------------------------
@@ -285,40 +300,6 @@ def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q", var
             f"is not built in this flashtile build (built: {built}); rebuild flashtile "
             "with that combination enabled (FLASHTILE_HEAD_DIMS, FLASHTILE_DTYPES, FLASHTILE_VARIANTS)"
         )
-
-
-def check_layout(t: torch.Tensor, name: str) -> None:
-    """Last dim contiguous; every other stride a multiple of 16 bytes.
-
-    The kernels move 16-byte vectors, and the extension refuses any other
-    layout; checking here gives the same answer before the launch. (Strides of
-    size-1 dims are checked too, as the extension does, though they never
-    address memory.) The start address is checked at launch by
-    :func:`check_pointer_alignment`: torch.compile cannot trace
-    ``storage_offset()`` without a graph break.
-    """
-    if t.stride(-1) != 1:
-        raise ValueError(
-            f"{name} must have a contiguous last dimension (stride(-1) == 1), "
-            f"got shape {_fmt_shape(t)} with strides {_fmt_stride(t)}; call .contiguous() first"
-        )
-    for dim in range(t.dim() - 1):
-        if t.stride(dim) % _ALIGN_ELEMS != 0:
-            raise ValueError(
-                f"{name} must have strides that are multiples of {_ALIGN_ELEMS} elements "
-                f"(16 bytes) except the last, got strides {_fmt_stride(t)}; call .contiguous() first"
-            )
-
-
-def check_pointer_alignment(tensors, names) -> None:
-    """Each tensor's first element on a 16-byte boundary (reads the data
-    pointer, so it runs at launch, outside tracing)."""
-    for t, name in zip(tensors, names):
-        if t.data_ptr() % 16 != 0:
-            raise ValueError(
-                f"{name} must start at a 16-byte aligned address, got {t.data_ptr():#x} "
-                f"(storage_offset {t.storage_offset()}); call .contiguous() first"
-            )
 
 
 def check_devices(tensors, names) -> None:
@@ -433,9 +414,6 @@ def check_fwd_tensors(q, k, v, fwd_built, names=("q", "k", "v"), alibi_slopes=No
 
     check_head_dim(head_dim, q.dtype, fwd_built, name=nq, variant=variant)
 
-    if kernel_head_dim(head_dim) == head_dim:  # a padded head dim is copied into a fresh layout
-        for t, name in ((q, nq), (k, nk), (v, nv)):
-            check_layout(t, name)
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, batch, nheads)
 
@@ -540,9 +518,6 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             raise ValueError(f"{what} = {blocks} is above the {_MAX_GRID_BLOCKS} blocks of a kernel grid")
 
     check_head_dim(head_dim, q.dtype, fwd_built, name=nq, variant=variant)
-    if kernel_head_dim(head_dim) == head_dim:
-        for t, name in ((q, nq), (k, nk), (v, nv)):
-            check_layout(t, name)
     if alibi_slopes is not None:
         check_alibi_slopes(alibi_slopes, batch, nheads)
 

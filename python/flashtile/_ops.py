@@ -25,8 +25,12 @@ call, filling in defaults, a redispatch) cost about 60 µs of host time per
 forward + backward on the CPU (benchmarks/NOTES.md, "The ops' registration").
 
 Arguments are assumed validated (``_checks``); the ops themselves check only
-what tracing cannot see: the device's compute capability and the data
-pointers' alignment.
+what tracing cannot see, the device's compute capability, and copy a tensor
+the kernels cannot read in place (a last dim that is not contiguous, a start
+or a stride that is not a multiple of 16 bytes) into a fresh contiguous one.
+``run_fwd`` and ``run_bwd`` run the kernels into caller-allocated
+outputs (the ops allocate theirs; the flash_attn compatibility layer passes
+the caller's).
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ except ImportError as exc:  # no fallback: say what is missing and how to get it
         "flashtile: the compiled extension flashtile._C could not be imported; "
         "build and install flashtile from source (pip install .), which needs CUDA"
     ) from exc
-from ._checks import check_pointer_alignment
 
 # Read once: the extension's table cannot change while the process runs, and a
 # tuple of Python constants is something torch.compile can trace through.
@@ -153,22 +156,37 @@ def _fwd_cuda(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q)
     attn_probs = _empty_attn_probs(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, return_attn_probs)
+    run_fwd(q, k, v, out, lse, attn_probs if return_attn_probs else None, softmax_scale, causal, window_left,
+            window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            dropout_p, dropout_seed)
+    return out, lse, attn_probs
+
+
+def run_fwd(q, k, v, out, lse, attn_probs, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0,
+            alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0,
+            max_seqlen_k=0, dropout_p=0.0, dropout_seed=None) -> None:
+    """The forward into caller-allocated out (q's shape and dtype, a 16-byte
+    aligned layout), lse and attn_probs (None, or the testing-only
+    probabilities), on q's device and torch's current stream there; q, k, v
+    in any layout (copied where the kernels cannot read them in place). With
+    no query rows nothing is written; with no keys out is 0 and lse -inf."""
     if _no_queries(q, cu_seqlens_q, max_seqlen_q):  # batch, seqlen_q or nheads is 0: nothing to compute
-        return out, lse, attn_probs.zero_()
+        if attn_probs is not None:
+            attn_probs.zero_()
+        return
     if _no_keys(k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):  # every row attends to nothing
         out.zero_()
         lse.fill_(float("-inf"))
-        return out, lse, attn_probs.zero_()
-
+        if attn_probs is not None:
+            attn_probs.zero_()
+        return
     _check_device_capability(q.device)
-    check_pointer_alignment((q, k, v), ("q", "k", "v"))
+    q, k, v = (_kernel_ready(t) for t in (q, k, v))
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
                int(window_right), float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed,
-               attn_probs if return_attn_probs else None)
-    return out, lse, attn_probs
+               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed, attn_probs)
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
@@ -178,14 +196,20 @@ def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-
             _empty_attn_probs(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, return_attn_probs))
 
 
-def _vector_friendly(t: torch.Tensor) -> bool:
-    """True if the kernels can read t in place: contiguous last dim, 16-byte
-    aligned start and strides (in 2-byte elements, multiples of 8)."""
+def vector_friendly(t: torch.Tensor) -> bool:
+    """True if the kernels can read or write t in place: contiguous last dim,
+    16-byte aligned start and strides (in 2-byte elements, multiples of 8)."""
     return (
         t.stride(-1) == 1
         and all(s % 8 == 0 for s in t.stride()[:-1])
         and t.data_ptr() % 16 == 0
     )
+
+
+def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
+    """t, or a fresh contiguous copy of it where the kernels cannot read it in
+    place (.contiguous() alone would keep a contiguous but misaligned view)."""
+    return t if vector_friendly(t) else torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _bwd_cuda(
@@ -216,11 +240,25 @@ def _bwd_cuda(
     Varlen: rows outside every sequence are not written, as in flash_attn;
     keys past seqused_k get zero dk and dv."""
     dq, dk, dv = _empty_grads(q, k, v)
+    run_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, window_left, window_right,
+            softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            dropout_seed)
+    return dq, dk, dv
+
+
+def run_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic=False, window_left=-1,
+            window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+            max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None) -> None:
+    """The backward into caller-allocated dq, dk, dv (q's and k's shapes and
+    dtype, 16-byte aligned layouts), with the device workspace it needs, on
+    q's device and torch's current stream there; dout, q, k, v, out in any
+    layout. With no query rows or no keys, every gradient is zero."""
     if _no_queries(q, cu_seqlens_q, max_seqlen_q) or _no_keys(k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
         # No query rows, or no keys (out was 0): every gradient is zero.
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    if not _vector_friendly(dout):
-        dout = dout.contiguous()
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return
+    _check_device_capability(q.device)
+    dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
     options = (bool(causal), int(window_left), int(window_right), bool(deterministic))
     if cu_seqlens_q is None:
         batch, seqlen_q, nheads, head_dim = q.shape
@@ -236,7 +274,6 @@ def _bwd_cuda(
                bool(deterministic), stream, int(window_left), int(window_right), float(softcap),
                alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
                float(dropout_p), dropout_seed)
-    return dq, dk, dv
 
 
 def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,18 +10,23 @@ and logsumexp -inf.
 Head dims 32, 64, 96, 128, 192 and 256 run kernels of their own; any other
 head dim up to 256 runs the next larger one with q, k and v zero-padded (a
 copy of each), and out comes back as a view of its first headdim columns, as
-in flash_attn. Larger head dims raise ValueError.
+in flash_attn. Larger head dims raise ValueError. Any strides are accepted:
+a tensor whose last dim is not contiguous, or whose start or other strides
+are not multiples of 16 bytes, is copied into a contiguous one first (the
+kernels load 16-byte vectors).
 
 ``window_size=(left, right)`` is local (sliding-window) attention, aligned to
 the bottom-right corner like causal: query row i sees keys j with
 i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, a side
-unbounded when -1. As in flash_attn: a side of seqlen_k or more counts as -1,
-causal=True sets right to 0, and with left bounded an unbounded right side
-means seqlen_k (which hides keys only when seqlen_q > seqlen_k + 1). Key blocks outside every row's window are never
-visited, and a row whose window holds no key gets output 0 and logsumexp -inf.
+unbounded when negative, exactly as flash_attn's docstring defines it, for
+every seqlen_q and seqlen_k (flash_attn 2.x's kernels hide other keys when
+seqlen_q > seqlen_k; docs/compatibility.md). window_size is any pair of
+ints, or a tensor of two; causal=True sets right to 0. Key blocks outside
+every row's window are never visited, and a row whose window holds no key
+gets output 0 and logsumexp -inf.
 
 ``softcap > 0`` caps the scaled scores at softcap * tanh(score / softcap)
-before the mask and the softmax, and ``alibi_slopes`` (float32, (nheads,) or
+before the mask and the softmax (0 or less is off, as in flash_attn), and ``alibi_slopes`` (float32, (nheads,) or
 (batch, nheads)) subtracts slope * |i + seqlen_k - seqlen_q - j| from score
 (i, j) after that, both as in flash_attn; either one runs kernels of their own
 (the "scoremod" variant), and both are differentiated through (the slopes get
@@ -50,11 +55,12 @@ from torch's CUDA generator on q's device (one small torch.randint on the
 device, no host sync): torch.manual_seed reproduces a call, a captured CUDA
 graph draws a new seed on each replay, and the backward regenerates the same
 mask from the saved seed. With dropout, ``return_attn_probs=True`` also
-returns the testing-only probabilities (batch, nheads, seqlen_q rounded up to
-128, seqlen_k rounded up to 128) in q's dtype: exp(score - lse) where the
-kernels kept it, its negation where they dropped it (the sign bit set even
-where it is 0), 0 outside the sequence; they come from a separate, slow
-kernel. Without dropout that slot is None, as in flash_attn.
+returns flash_attn's testing-only S_dmask (batch, nheads, seqlen_q rounded up
+to 128, seqlen_k rounded up to 128) in q's dtype: exp(score - m), m the row's
+largest score (the softmax before its normalization, so each row's largest
+entry is 1), where the kernels kept it, its negation where they dropped it
+(the sign bit set even where it is 0), 0 outside the sequence; it comes from a
+separate, slow kernel. Without dropout that slot is None, as in flash_attn.
 
 The functions are differentiable, once (flashtile::fwd's autograd kernel;
 a double backward raises). By
@@ -116,12 +122,29 @@ def _run(q, k, v, head_dim, softmax_scale, causal, deterministic, window, softca
     seed = _dropout_seed(q.device) if dropout_p > 0 else None
     with_probs = bool(return_attn_probs) and dropout_p > 0
     out, lse, attn_probs = _fwd_op(q, k, v, float(softmax_scale), bool(causal), bool(deterministic), *window,
-                                   float(softcap), alibi_slopes, *varlen, float(dropout_p), seed, with_probs)
+                                   _checks.kernel_softcap(softcap), alibi_slopes, *varlen, float(dropout_p), seed,
+                                   with_probs)
     if out.shape[-1] != head_dim:
         out = out[..., :head_dim]
     if return_attn_probs:
-        return out, lse, attn_probs if with_probs else None
+        return out, lse, unnormalized_probs(attn_probs) if with_probs else None
     return out
+
+
+def unnormalized_probs(attn_probs: torch.Tensor) -> torch.Tensor:
+    """flash_attn's S_dmask from the kernels' probabilities P = exp(s - lse):
+    exp(s - m) with m the row's largest score, i.e. P divided by its row's
+    largest |P| (computed in float32; the sign bits, dropout's marks, are
+    kept). flash_attn 2.x's S_dmask holds exp(s - m_j) with m_j the running
+    max of the key blocks its kernel had visited (last to first, blocks of
+    _get_block_size_n keys); one block spanning the row is the same form,
+    which is what flashtile.compat's _get_block_size_n reports, so the public
+    suite's normalize_flash_attn_S recovers P from it."""
+    if attn_probs.shape[-1] == 0:  # no keys at all
+        return attn_probs
+    probs = attn_probs.float()
+    row_max = probs.abs().amax(dim=-1, keepdim=True)
+    return (probs / torch.where(row_max > 0, row_max, torch.ones_like(row_max))).to(attn_probs.dtype)
 
 
 def _attention(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -131,7 +154,7 @@ def _attention(q, k, v, names, dropout_p, softmax_scale, causal, window_size, so
     variant = _checks.variant_for(softcap, alibi_slopes, dropout_p)
     _checks.check_fwd_tensors(q, k, v, _FWD_BUILT[variant], names=names, alibi_slopes=alibi_slopes,
                               variant=variant)
-    window = _checks.kernel_window(window_size, bool(causal), k.shape[1])
+    window = _checks.kernel_window(window_size, bool(causal), q.shape[1], k.shape[1])
     return _run(*_padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
                 softcap, alibi_slopes, dropout_p, return_attn_probs)
 
@@ -159,9 +182,10 @@ def flash_attn_func(
             (see the module docstring); 0.0 is off.
         softmax_scale: scale of QK^T before the softmax; default headdim ** -0.5.
         causal: bottom-right aligned causal mask.
-        window_size: (left, right) sliding window, -1 for an unbounded side
-            (see the module docstring); (-1, -1) is global attention.
-        softcap: > 0 caps the scaled scores at softcap * tanh(score / softcap); 0.0 is off.
+        window_size: (left, right) sliding window, a pair of ints or a tensor of two,
+            -1 (any negative) for an unbounded side (see the module docstring);
+            (-1, -1) is global attention.
+        softcap: > 0 caps the scaled scores at softcap * tanh(score / softcap); 0.0 (or less) is off.
         alibi_slopes: None, or float32 (nheads,) or (batch, nheads) ALiBi slopes:
             score (i, j) -= slope * |i + seqlen_k - seqlen_q - j| (no gradient).
         deterministic: sum dq in a fixed order in the backward (no atomic adds), so
@@ -174,9 +198,9 @@ def flash_attn_func(
         return_attn_probs, the tuple (out, softmax_lse, S_dmask) where
         softmax_lse is (batch, nheads, seqlen_q) float32, the logsumexp of each
         row of scaled scores (undropped), and S_dmask is None without dropout,
-        else the probabilities (batch, nheads, seqlen_q rounded up to 128,
-        seqlen_k rounded up to 128) with dropped entries negated (module
-        docstring).
+        else the unnormalized probabilities exp(score - row max) (batch, nheads,
+        seqlen_q rounded up to 128, seqlen_k rounded up to 128) with dropped
+        entries negated (module docstring).
     """
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -242,8 +266,7 @@ def _attention_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     _checks.check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  _FWD_BUILT[variant], names=names, seqused_k=seqused_k,
                                  alibi_slopes=alibi_slopes, variant=variant)
-    # flash_attn normalizes the window against max_seqlen_k for varlen.
-    window = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_k))
+    window = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_q), int(max_seqlen_k))
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
     return _run(*_padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
                 softcap, alibi_slopes, dropout_p, return_attn_probs, varlen)
