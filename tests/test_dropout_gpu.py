@@ -21,8 +21,8 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile.interface import _dropout_seed
-from reference import (assert_close_fa_rule, attention_ref, attention_ref_backward, dropout_keep_mask,
-                       dropout_keep_probability)
+from reference import (assert_close_fa_rule, attention_ref, attention_ref_backward, causal_mask,
+                       dropout_keep_mask, dropout_keep_probability)
 # Dropout runs the scoremod kernels: the same build check, inputs and slack.
 from test_score_mod_gpu import DTYPES, GRAD_ATOL, rand_qkv, require_built
 
@@ -173,13 +173,20 @@ def test_kept_fraction_within_statistical_bounds(dropout_p):
             f"{name}: kept {fraction:.5f} of {n}, expected {keep_probability} +- {6 * sigma:.5f}")
 
 
-def test_attn_probs_magnitudes_are_the_probabilities():
-    """|attn_probs| sums to 1 over each row's keys (the undropped softmax)."""
+def test_attn_probs_magnitudes_are_the_unnormalized_probabilities():
+    """|S_dmask| is exp(s - row max), flash_attn's form: each row's largest
+    entry is 1, and times exp(row max - lse) it is the undropped softmax,
+    which sums to 1 over the row's keys."""
     require_built(64, "bf16")
     q, k, v = rand_qkv(2, 200, 300, 4, 2, 64, torch.bfloat16)
     with torch.no_grad():
-        _, _, attn_probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, return_attn_probs=True)
-    row_sums = attn_probs[:, :, :200, :300].float().abs().sum(-1)
+        _, lse, attn_probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, return_attn_probs=True)
+    magnitudes = attn_probs[:, :, :200, :300].float().abs()
+    assert torch.equal(magnitudes.amax(-1), torch.ones_like(lse))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float().repeat_interleave(2, dim=2)) * 64 ** -0.5
+    scores = scores.masked_fill(causal_mask(200, 300, "cuda"), float("-inf"))
+    probs = magnitudes * torch.exp(scores.amax(-1, keepdim=True) - lse[..., None])
+    row_sums = probs.sum(-1)
     torch.testing.assert_close(row_sums, torch.ones_like(row_sums), atol=2e-2, rtol=0)
 
 
