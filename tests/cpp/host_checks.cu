@@ -559,8 +559,8 @@ void check_tail_split() {
     return std::make_pair(s.first_task, s.parts);
   };
   expect(plan(2688, 132, 16, 64) == std::make_pair(2640, 2), config, "d96 at the benchmark's shapes: 48 blocks in 2");
-  expect(plan(4096, 132, 8, 64) == std::make_pair(4092, 8), config, "4 blocks left: 8 parts (the cap)");
-  expect(plan(40, 132, 3, 40) == std::make_pair(0, 3), config, "a grid under one wave, parts capped by iterations");
+  expect(plan(4096, 132, 8, 64) == std::make_pair(4092, 2), config, "4 blocks left: 2 parts (the cap)");
+  expect(plan(40, 132, 1, 40).second == 1, config, "a grid under one wave of one iteration per block: no split");
   expect(plan(2048, 132, 16, 64).second == 1, config, "68 of 132 left: more than half a wave, no split");
   expect(plan(2640, 132, 16, 64).second == 1, config, "whole waves: no split");
   expect(plan(2688, 132, 16, 47).second == 1, config, "no split past the workspace's slots");

@@ -7,8 +7,8 @@
 // kernel's last wave").
 //
 // When that last wave holds at most half the slots, each of its key blocks
-// is split into `parts` CTAs along its query blocks (the walk's iterations):
-// the tail then takes 1/parts of a wave. A split CTA adds its partial dK
+// is split into `parts` CTAs (two) along its query blocks (the walk's
+// iterations): the tail then takes half a wave. A split CTA adds its partial dK
 // and dV (fp32, unscaled, in the dK/dV product's register order) into the
 // workspace's tail accumulator with atomics, and bwd_convert_dkv_tail_kernel
 // (bwd_aux_kernels.hpp) writes them out after the main kernel. Only the
@@ -39,9 +39,14 @@ constexpr bool kBwdTailSplittable = kMask == MaskKind::kNone && !kScoreMod;
 template <int kBlockN, int kHeadDim>
 constexpr int kBwdTailSlotFloats = 2 * kBlockN * kHeadDim;
 
-// At most this many CTAs per split key block: each adds 2 · kBlockN ·
-// kHeadDim fp32 atomics and loads K and V once more.
-constexpr int kBwdTailMaxParts = 8;
+// At most this many CTAs per split key block (each adds 2 · kBlockN ·
+// kHeadDim fp32 atomics and loads K and V once more). Two, so that a split
+// block's dK and dV are 0 + a + b, the same bits in either order: the
+// default backward then keeps dK and dV bitwise repeatable, as flash_attn's
+// does and its test suite checks (test_flash_attn_race_condition); with three
+// or more parts the order of the adds would show in the last bits. The
+// measured case (d96, 48 blocks left of 132) splits in two anyway.
+constexpr int kBwdTailMaxParts = 2;
 
 // Grid blocks [0, first_task) are one key block (task) each; the blocks
 // from first_task on are `parts` CTAs per key block, task first_task + j /
