@@ -566,6 +566,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-seqlen", type=int, default=3000)
     parser.add_argument("--summary", help="write the summary here")
     parser.add_argument("--replay", type=int, help="rerun the case of this seed and print it")
+    parser.add_argument("--time-limit", type=float, default=0.0,
+                        help="seconds after which no more cases start (0: none); the summary counts those run")
     args = parser.parse_args(argv)
 
     if args.replay is not None:
@@ -577,9 +579,14 @@ def main(argv=None) -> int:
 
     import multiprocessing as mp
     start = time.time()
-    chunks = [list(range(w, args.cases, args.workers)) for w in range(args.workers)]
+    chunks = [list(range(i, min(i + 20, args.cases))) for i in range(0, args.cases, 20)]
+    results = []
     with mp.get_context("spawn").Pool(args.workers) as pool:
-        results = [r for part in pool.map(_worker, [(args.seed, c, args.max_seqlen) for c in chunks]) for r in part]
+        for part in pool.imap_unordered(_worker, [(args.seed, c, args.max_seqlen) for c in chunks]):
+            results.extend(part)
+            if args.time_limit and time.time() - start > args.time_limit:
+                pool.terminate()  # the summary says how many cases ran
+                break
     elapsed = time.time() - start
     failures = [r for r in results if r[4] is not None]
     by_kernel = collections.Counter(r[1] for r in results)
@@ -587,9 +594,8 @@ def main(argv=None) -> int:
     by_arch = collections.Counter(r[3] for r in results)
     lines = [
         f"# flashtile fuzz (tests/fuzz.py), long tier: {_provenance()}",
-        f"# command: python tests/fuzz.py --cases {args.cases} --seed {args.seed} --workers {args.workers} "
-        f"--max-seqlen {args.max_seqlen}" + (f" --summary {args.summary}" if args.summary else ""),
-        f"cases: {len(results)}  seed: {args.seed}  failures: {len(failures)}  seconds: {elapsed:.0f}",
+        "# command: python tests/fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        f"cases: {len(results)} of {args.cases}  seed: {args.seed}  failures: {len(failures)}  seconds: {elapsed:.0f}",
         "by form: " + ", ".join(f"{k} {v}" for k, v in sorted(by_form.items())),
         "by dispatch limit: " + ", ".join(f"{k} {v}" for k, v in sorted(by_arch.items())),
         f"kernel families hit: {len(by_kernel)}",

@@ -40,10 +40,10 @@ the error that names that, whatever device it lives on, so the CPU suite can
 reach every check with CPU tensors, and a well-formed CPU tensor still fails
 (at step 3), so public behaviour always requires CUDA.
 
-Everything here reads only Python scalars and tensor
-metadata (shape, dtype, stride, device), never tensor data (but for a
-``window_size`` given as a tensor, whose two values are read), so the checks run
-unchanged on fake tensors while ``torch.compile`` traces the public functions
+Everything here reads only Python scalars and tensor metadata (shape, dtype,
+stride, device), never tensor data (but for a ``window_size`` given as a
+tensor, whose two values are read), so the checks run unchanged on fake
+tensors while ``torch.compile`` traces the public functions
 (``storage_offset()`` is left out for that reason: it breaks the graph).
 Containment tests compare with ``==`` against tuples (never hash a size), so
 symbolic sizes work too.

@@ -26,11 +26,11 @@ every row's window are never visited, and a row whose window holds no key
 gets output 0 and logsumexp -inf.
 
 ``softcap > 0`` caps the scaled scores at softcap * tanh(score / softcap)
-before the mask and the softmax (0 or less is off, as in flash_attn), and ``alibi_slopes`` (float32, (nheads,) or
-(batch, nheads)) subtracts slope * |i + seqlen_k - seqlen_q - j| from score
-(i, j) after that, both as in flash_attn; either one runs kernels of their own
-(the "scoremod" variant), and both are differentiated through (the slopes get
-no gradient). The logsumexp is that of the modified scores.
+before the mask and the softmax (0 or less is off, as in flash_attn), and
+``alibi_slopes`` (float32, (nheads,) or (batch, nheads)) subtracts
+slope * |i + seqlen_k - seqlen_q - j| from score (i, j) after that, both as in
+flash_attn; either one runs kernels of their own (the "scoremod" variant), and
+both are differentiated through (the slopes get no gradient). The logsumexp is that of the modified scores.
 
 The varlen functions take a batch of sequences of different lengths packed
 along the first dim, q (total_q, nheads, headdim) and k, v (total_k,
