@@ -310,14 +310,15 @@ def test_device_errors_on_gpu():
         flashtile.flash_attn_func(q.cpu(), k, v)
 
 
-def test_misaligned_pointer_rejected():
+def test_misaligned_pointer_is_copied():
+    """A start 2 bytes past a 16-byte boundary (the kernels' vectors need 16)
+    is copied, as flash_attn accepts it: the same result as the aligned copy."""
     head_dim, dtype = default_config()
     numel = 2 * 17 * 4 * head_dim
     flat = torch.randn(numel + 1, device="cuda", dtype=dtype)
     q = flat[1:].view(2, 17, 4, head_dim)  # strides fine, start 2 bytes off
     k, v = rand_qkv(2, 17, 33, 4, 2, head_dim, dtype)[1:]
-    with pytest.raises(ValueError, match="q must start at a 16-byte aligned address"):
-        flashtile.flash_attn_func(q, k, v)
+    assert torch.equal(flashtile.flash_attn_func(q, k, v), flashtile.flash_attn_func(q.clone(), k, v))
 
 
 # --------------------------------------------------------------------------
