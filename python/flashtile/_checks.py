@@ -224,9 +224,11 @@ def window_pair(window_size) -> tuple[int, int]:
         raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
     sides = []
     for side in window_size:
-        if isinstance(side, torch.Tensor) and (side.dim() != 0 or side.is_floating_point() or side.is_complex()):
-            raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
-        if isinstance(side, bool) or not (isinstance(side, torch.Tensor) or hasattr(side, "__index__")):
+        if isinstance(side, torch.Tensor):
+            if side.dim() != 0 or side.is_floating_point() or side.is_complex():
+                raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+        elif isinstance(side, bool) or not isinstance(side, (numbers.Integral, torch.SymInt)):
+            # (torch.compile(dynamic=True) passes the ints as SymInts.)
             raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
         sides.append(max(int(side), -1))
     return sides[0], sides[1]
