@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import (assert_close_fa_rule, attention_ref, attention_ref_backward,  # noqa: E402
-                       dropout_keep_probability)
+                       dropout_keep_probability, dropout_scale)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FORMS = ("func", "qkvpacked", "kvpacked", "varlen", "varlen_qkvpacked", "varlen_kvpacked", "lowlevel",
@@ -466,14 +466,14 @@ def _error_scales(case, qb, kb, vb, db, ref_out, ref_lse, args):
     lse = ref_lse[0].double()[..., None]
     p = torch.where(torch.isfinite(lse), torch.exp(s - lse), torch.zeros_like(s))
     keep = args["dropout_keep"]
-    p_kept = p if keep is None else p * keep[0].double() / dropout_keep_probability(case.dropout_p)
+    p_kept = p if keep is None else p * keep[0].double() * dropout_scale(case.dropout_p)
     heads_first = lambda t, g=1: t[0].double().abs().repeat_interleave(g, dim=1).transpose(0, 1)  # noqa: E731
     qa, ka, va, da = heads_first(qb), heads_first(kb, group), heads_first(vb, group), heads_first(db)
     oa = ref_out[0].double().abs().transpose(0, 1)  # (h, sq, d)
     d_mag = (da * oa).sum(-1, keepdim=True)  # (h, sq, 1): |D|'s terms
     dp_mag = torch.einsum("hqd,hkd->hqk", da, va)
     if keep is not None:
-        dp_mag = dp_mag * keep[0].double() / dropout_keep_probability(case.dropout_p)
+        dp_mag = dp_mag * keep[0].double() * dropout_scale(case.dropout_p)
     terms = p * (dp_mag + d_mag)
     d_rounding = p * (EPS[case.dtype] / 2 * d_mag)
 

@@ -84,9 +84,19 @@ def dropout_keep_threshold(dropout_p: float) -> int:
 
 
 def dropout_keep_probability(dropout_p: float) -> float:
-    """The probability that the kernels keep a score: threshold / 256 (their
-    kept scores are scaled by its inverse)."""
+    """The probability that the kernels keep a score: threshold / 256."""
     return dropout_keep_threshold(dropout_p) / 256.0
+
+
+def dropout_scale(dropout_p: float) -> float:
+    """What the kernels multiply a kept probability by: 1 / (1 - p), p as
+    given (rounded to float32), as FlashAttention-2; 0 when the threshold
+    keeps nothing, 1 when it drops nothing."""
+    threshold = dropout_keep_threshold(dropout_p)
+    if threshold == 256:
+        return 1.0
+    p32 = torch.tensor(dropout_p, dtype=torch.float32).item()
+    return 1.0 / (1.0 - p32) if threshold > 0 else 0.0
 
 
 def dropout_keep_mask(seed: int, batch_index: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float,
@@ -137,8 +147,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     than the bias a rounding of its own (flash_attn's test adds its float32
     bias the same way). dropout_keep (bool, (batch, nheads, seqlen_q,
     seqlen_k)) with dropout_p: the probabilities are multiplied by
-    keep / dropout_keep_probability(dropout_p) before the product with v (the
-    kernels' scale); lse is unchanged.
+    keep * dropout_scale(dropout_p) before the product with v (the kernels'
+    scale); lse is unchanged.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -182,7 +192,7 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     lse = (row_max + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf for empty rows
     p = p / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
     if dropout_keep is not None:
-        p = p.masked_fill(~dropout_keep, 0.0) / dropout_keep_probability(dropout_p)
+        p = p.masked_fill(~dropout_keep, 0.0) * dropout_scale(dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", p, v)
     return out, lse
 

@@ -45,11 +45,10 @@ synchronize): the kernels clamp them into the tensors. ``seqused_k``
 attend only to its first seqused_k[b] keys (the others get zero dk, dv).
 Paged KV (``block_table``) is not implemented (NotImplementedError).
 
-``dropout_p > 0`` drops each attention probability with that probability
-and scales the kept ones by 1 / (1 - dropout_p), as flash_attn, with dropout_p
-rounded to a multiple of 1/256 (FlashAttention-2's 8-bit threshold; the scale
-uses the rounded value, so the expected output is the undropped one); it runs the
-"scoremod" kernels. The keep/drop decisions come from a counter-based Philox
+``dropout_p > 0`` drops each attention probability with that probability,
+rounded to a multiple of 1/256 (FlashAttention-2's 8-bit threshold), and
+scales the kept ones by 1 / (1 - dropout_p), dropout_p as given, as flash_attn
+does; it runs the "scoremod" kernels. The keep/drop decisions come from a counter-based Philox
 generator inside the kernels, keyed by a seed (63 random bits) that each call draws
 from torch's CUDA generator on q's device (one small torch.randint on the
 device, no host sync): torch.manual_seed reproduces a call, a captured CUDA

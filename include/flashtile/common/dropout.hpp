@@ -19,14 +19,16 @@
 //     byte e of that word -> element e of the lane's four:
 //         (R + q, C + 2l), (R + q, C + 2l + 1), (R + q + 8, C + 2l), (R + q + 8, C + 2l + 1);
 //     kept iff the byte < keep_threshold = round((1 − p) · 256).
-// So p is used rounded to a multiple of 1/256 (as FlashAttention-2's 8-bit
-// threshold), and the kept scores are scaled by 256 / keep_threshold, the
-// inverse of the keep probability actually drawn, so the expected output is
-// the undropped one. In the kernels the quad's four lanes share the work: for
-// four of their atoms, lane l runs the call of the l-th and the words are
-// exchanged with three shuffles (keep_bits), one call per lane per 16
-// scores. (An earlier version gave each lane a call of its own, 32 bits per
-// score: the forward ran at 0.46 of its rate without dropout, d128.)
+// So the mask draws p rounded to a multiple of 1/256 (as FlashAttention-2's
+// 8-bit threshold), and the kept scores are scaled by 1 / (1 − p) with p as
+// given, as FlashAttention-2 scales them (its test suite's reference does the
+// same): the expected output is then the undropped one times
+// (keep_threshold / 256) / (1 − p), within 1/512 / (1 − p) of it. In the
+// kernels the quad's four lanes share the work: for four of their atoms,
+// lane l runs the call of the l-th and the words are exchanged with three
+// shuffles (keep_bits), one call per lane per 16 scores (a call per lane,
+// 32 bits per score, ran the d128 forward at 0.46 of its rate without
+// dropout).
 // (i, j) are the row and column inside the sequence (varlen too), batch is
 // the sequence's index.
 #pragma once
@@ -121,7 +123,7 @@ template <bool kEnabled>
 struct Dropout {
   PhiloxKey key{0u, 0u};
   int keep_threshold = 256;
-  float keep_scale = 1.f;  // 256 / keep_threshold: what a kept probability is multiplied by
+  float keep_scale = 1.f;  // 1 / (1 − p): what a kept probability is multiplied by
   int batch = 0;
   bool on = false;
 
@@ -132,7 +134,7 @@ struct Dropout {
     if (on) {
       const uint64_t seed = uint64_t(*params.dropout_seed);
       key = PhiloxKey{uint32_t(seed), uint32_t(seed >> 32)};
-      keep_scale = keep_threshold > 0 ? 256.f / float(keep_threshold) : 0.f;
+      keep_scale = keep_threshold > 0 ? 1.f / (1.f - params.dropout_p) : 0.f;
       batch = batch_;
     }
   }
