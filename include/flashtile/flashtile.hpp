@@ -17,6 +17,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
 #include "flashtile/sm90/device.hpp"
+#include "flashtile/sm90/fwd_support.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 
@@ -230,12 +231,19 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   return launch(p, stream);
 }
 
-// Runs the forward kernel registered for (sm80 path, head_dim, dtype, variant).
+// Runs the forward registered for (head_dim, dtype, variant): on an sm90
+// device the wgmma/TMA path's where one is built, the registry's arch limit
+// allows it and its kernels take params (sm90/fwd_support.hpp: plain
+// attention, strides TMA can step), else the sm80 path's.
 inline Status fwd(const FwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_fwd(p);
   if (ok != Status::kSuccess) return ok;
-  const FwdLauncher launch =
-      KernelRegistry::instance().find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
+  const KernelRegistry& registry = KernelRegistry::instance();
+  FwdLauncher launch = nullptr;
+  if (registry.arch_allowed(Arch::kSm90) && sm90::fwd_supports(p) && sm90::device_is_sm90()) {
+    launch = registry.find_fwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
+  }
+  if (!launch) launch = registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
 }

@@ -23,6 +23,9 @@
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 #include "flashtile/sm90/bwd_launch.hpp"
+#include "flashtile/sm90/fwd_support.hpp"
+#include "flashtile/sm90/fwd_traits.hpp"
+#include "flashtile/sm90/gemm.hpp"
 #include "flashtile/workspace.hpp"
 
 using namespace cute;
@@ -641,6 +644,53 @@ void check_varlen_layout() {
   expect(disjoint, "varlen", "each (sequence, head) owns its dQ accumulator rows");
 }
 
+// The SM90 forward's tiles (sm90/fwd_traits.hpp): P = softmax(S), kept in
+// the QK product's accumulator registers, is the PV product's register A
+// operand element for element (acc_to_rs_operand_a_layout), for every
+// consumer thread; the accumulator's (row, col) view has each thread's rows
+// whole in a quad (the online softmax's reduction).
+template <class Traits>
+void check_sm90_fwd_config(const char* config) {
+  using ShapeS = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
+  typename Traits::TiledMmaQK tiled_mma_qk;
+  typename Traits::TiledMmaPV tiled_mma_pv;
+  bool same = true, rows_in_quad = true;
+  for (int t = 0; t < Traits::kMmaThreads; ++t) {
+    auto cS = tiled_mma_qk.get_thread_slice(t).partition_C(make_identity_tensor(ShapeS{}));  // (MMA, MMA_M, MMA_N)
+    auto cS_as_a = make_tensor(cS.data(), flashtile::sm90::acc_to_rs_operand_a_layout(cS.layout()));
+    auto cA = tiled_mma_pv.get_thread_slice(t).partition_A(make_identity_tensor(ShapeS{}));  // (MMA, MMA_M, MMA_K)
+    same &= size(cS_as_a) == size(cA);
+    for (int i = 0; same && i < size(cA); ++i) same &= cS_as_a(i) == cA(i);
+    auto rows = flashtile::rowcol_view(cS);
+    auto quad0 = flashtile::rowcol_view(tiled_mma_qk.get_thread_slice(t - t % 4).partition_C(
+        make_identity_tensor(ShapeS{})));
+    for (int r = 0; r < size<0>(rows); ++r) rows_in_quad &= get<0>(rows(r, 0)) == get<0>(quad0(r, 0));
+  }
+  expect(same, config, "S's accumulator is P's register operand, element for element");
+  expect(rows_in_quad, config, "a quad's four lanes hold the same rows");
+  expect(Traits::kSmemBytes <= kSmemLimitSm90Bytes, config, "fits sm90's shared memory");
+}
+
+// The SM90 forward takes plain attention on strides TMA can step.
+void check_sm90_fwd_support() {
+  const char* config = "sm90 fwd support";
+  flashtile::FwdParams p;
+  p.batch = 2, p.seqlen_q = 100, p.seqlen_k = 90, p.nheads = 4, p.nheads_k = 2, p.head_dim = 128;
+  p.q_row_stride = 512, p.q_head_stride = 128, p.q_batch_stride = 51200;
+  p.k_row_stride = 256, p.k_head_stride = 128, p.k_batch_stride = 23040;
+  p.v_row_stride = 256, p.v_head_stride = 128, p.v_batch_stride = 23040;
+  expect(flashtile::sm90::fwd_supports(p), config, "a contiguous fixed-length batch");
+  flashtile::FwdParams q = p;
+  q.softcap = 30.f;
+  expect(!flashtile::sm90::fwd_supports(q), config, "softcap runs the sm80 kernels");
+  q = p, q.k_batch_stride = 0;
+  expect(!flashtile::sm90::fwd_supports(q), config, "k expanded along the batch (stride 0)");
+  q = p, q.batch = 1, q.k_batch_stride = 0;
+  expect(flashtile::sm90::fwd_supports(q), config, "stride 0 on a mode of extent 1");
+  q = p, q.v_row_stride = int64_t(1) << 40;
+  expect(!flashtile::sm90::fwd_supports(q), config, "a row stride past TMA's 2^40 bytes");
+}
+
 }  // namespace
 
 int main() {
@@ -684,6 +734,10 @@ int main() {
                                                                                 kSmemLimitSm90Bytes);
   check_tile_schedule();
   check_varlen_layout();
+  check_sm90_fwd_support();
+  check_sm90_fwd_config<flashtile::sm90::FwdTraits<64, cutlass::bfloat16_t>>("sm90 fwd d64");
+  check_sm90_fwd_config<flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>>("sm90 fwd d128");
+  check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t>>("sm90 fwd d256 fp16");
   using flashtile::MaskKind;
   check_block_mask<MaskKind::kNone, 128, 128>("mask 128x128");
   check_block_mask<MaskKind::kCausal, 128, 128>("mask causal 128x128");

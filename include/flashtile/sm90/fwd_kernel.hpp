@@ -1,0 +1,103 @@
+// The SM90 forward kernel: warpgroup 0 is the producer (TMA loads, its
+// registers cut to kProducerRegisters with setmaxnreg), warpgroups 1 ..
+// kMmaWarpgroups the consumers (raised to kMmaRegisters), which run the
+// mainloop (sm90/fwd_mainloop.hpp) and the epilogue (sm90/fwd_epilogue.hpp)
+// on the tile the scheduler (sm90/tile_scheduler.hpp) gives the CTA.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include <type_traits>
+
+#include "flashtile/common/mask.hpp"
+#include "flashtile/common/seqlen.hpp"
+#include "flashtile/params.hpp"
+#include "flashtile/sm90/fwd_epilogue.hpp"
+#include "flashtile/sm90/fwd_mainloop.hpp"
+#include "flashtile/sm90/fwd_traits.hpp"
+#include "flashtile/sm90/tile_scheduler.hpp"
+
+namespace flashtile::sm90 {
+
+using namespace cute;
+
+template <class Traits>
+struct FwdKernelParams {
+  FwdParams fwd;
+  typename FwdMainloop<Traits>::Params mainloop;
+};
+
+template <class Traits, MaskKind kMask, bool kVarlen>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdKernelParams<Traits> params) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using Mainloop = FwdMainloop<Traits>;
+  using Epilogue = FwdEpilogue<Traits>;
+  using PipelineKV = typename Traits::PipelineKV;
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // wgmma, TMA and setmaxnreg exist on sm90a only; run_fwd launches this
+  // kernel nowhere else.
+  __trap();
+#else
+  extern __shared__ __align__(1024) char smem[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
+  FwdParams const& p = params.fwd;
+
+  const TileCoord coord = SingleTileScheduler::tile<kMask == MaskKind::kCausal>();
+  const SeqInfo seq(p, coord.batch, std::bool_constant<kVarlen>{});
+  if constexpr (kVarlen) {
+    if (coord.m_block * kBlockM >= seq.seqlen_q) return;  // past this sequence's rows
+  }
+  const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+  const FwdTile<kMask, kBlockM, kBlockN> tile{coord.m_block, coord.head, coord.head / (p.nheads / p.nheads_k), seq,
+                                              mask,          mask.n_block_begin(coord.m_block),
+                                              mask.n_block_end(coord.m_block)};
+  const int warp_group = int(threadIdx.x) / 128;
+  if (tile.empty()) {  // decided alike by every thread, before any barrier exists
+    if (warp_group > 0) Epilogue::store_zero(p, tile, int(threadIdx.x) - 128);
+    return;
+  }
+
+  // Barriers: Q's (one arrival, the producer's, plus Q's bytes), and the
+  // K and V rings (full: the producer's arrival plus a stage's bytes;
+  // empty: every consumer thread's arrival). Initialized by warp 0, made
+  // visible to the async proxy (fence_barrier_init, in the pipelines'
+  // constructors) and to every thread (__syncthreads) before first use.
+  if (threadIdx.x == 0) {
+    Mainloop::prefetch_descriptors(params.mainloop);
+    cutlass::arch::ClusterTransactionBarrier::init(&storage.barrier_q, 1);
+  }
+  typename PipelineKV::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kBytesKV;
+  pipeline_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;  // the thread that issues every TMA load
+  pipeline_params.num_consumers = Traits::kMmaThreads;
+  PipelineKV pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      auto write = cutlass::make_producer_start_state<PipelineKV>();
+      Mainloop::template load<kMask>(params.mainloop, storage, pipeline_k, pipeline_v, write, tile);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
+    const int mma_tid = int(threadIdx.x) - 128;
+    typename PipelineKV::PipelineState read;
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
+    auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, p.softmax_scale, acc_o,
+                                             mma_tid);
+    Epilogue::store(p, tile, acc_o, lse, mma_tid);
+  }
+#endif
+}
+
+}  // namespace flashtile::sm90

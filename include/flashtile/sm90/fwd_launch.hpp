@@ -1,0 +1,50 @@
+// Host launcher of the SM90 forward (sm90/fwd_kernel.hpp) for one (head
+// dim, dtype): the mask kind and fixed-length or varlen pick the
+// instantiation, the TMA descriptors are built once here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "flashtile/common/mask.hpp"
+#include "flashtile/params.hpp"
+#include "flashtile/sm90/device.hpp"
+#include "flashtile/sm90/fwd_kernel.hpp"
+#include "flashtile/sm90/fwd_support.hpp"
+#include "flashtile/sm90/fwd_traits.hpp"
+#include "flashtile/status.hpp"
+
+namespace flashtile::sm90 {
+
+template <class Traits, MaskKind kMask>
+Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  auto* kernel = is_varlen(params) ? &fwd_kernel<Traits, kMask, true> : &fwd_kernel<Traits, kMask, false>;
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
+    return Status::kCudaError;
+  }
+  const FwdKernelParams<Traits> kernel_params{params, FwdMainloop<Traits>::to_params(params)};
+  kernel<<<SingleTileScheduler::grid<Traits::kBlockM>(params), Traits::kNThreads, kSmemBytes, stream>>>(
+      kernel_params);
+  return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
+}
+
+// Entry point a generated kernels/fwd_sm90_*.cu file instantiates and
+// registers (plain variant). Assumes can_implement_fwd(params) passed and
+// fwd_supports(params) (flashtile::fwd asks it before choosing this path).
+template <int kHeadDim, class Element>
+Status run_fwd(const FwdParams& params, cudaStream_t stream) {
+  if (!device_is_sm90()) return Status::kUnsupportedDevice;
+  if (!fwd_supports(params)) return Status::kInvalidArgument;
+  using Traits = FwdTraits<kHeadDim, Element>;
+  FwdParams p = params;  // with causal folded into the window
+  switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
+    case MaskKind::kNone:
+      return launch_fwd<Traits, MaskKind::kNone>(p, stream);
+    case MaskKind::kCausal:
+      return launch_fwd<Traits, MaskKind::kCausal>(p, stream);
+    default:
+      return launch_fwd<Traits, MaskKind::kLocal>(p, stream);
+  }
+}
+
+}  // namespace flashtile::sm90

@@ -1,0 +1,247 @@
+// The SM90 forward's mainloop, in its two halves:
+//   load()  the producer: one thread issues TMA loads of Q (once per tile)
+//           and of K and V (per key block, into kStages-deep rings that
+//           complete on mbarriers, PipelineTmaAsync);
+//   mma()   the consumer warpgroups: for each visible key block, last to
+//           first,
+//             S = Q·Kᵀ (wgmma, SS); release K's stage
+//             mask (tiles on a boundary only); online softmax, O rescaled
+//             O += P·V (wgmma, RS: P converted in registers); release V's
+//           and return the row logsumexp.
+// Host-side, to_params() builds the three TMA descriptors from FwdParams
+// once per launch; they travel in the kernel's __grid_constant__ parameters.
+#pragma once
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include <cstdint>
+
+#include "flashtile/common/fragment.hpp"
+#include "flashtile/common/mask.hpp"
+#include "flashtile/common/seqlen.hpp"
+#include "flashtile/common/softmax.hpp"
+#include "flashtile/params.hpp"
+#include "flashtile/sm90/fwd_traits.hpp"
+#include "flashtile/sm90/gemm.hpp"
+
+namespace flashtile::sm90 {
+
+using namespace cute;
+
+// What a CTA works on: one query block of one (batch, head), its sequence
+// and the key blocks [n_block_begin, n_block_end) its rows see.
+template <MaskKind kMask, int kBlockM, int kBlockN>
+struct FwdTile {
+  int m_block;
+  int head;
+  int head_k;
+  SeqInfo seq;
+  BlockMask<kMask, kBlockM, kBlockN> mask;
+  int n_block_begin;
+  int n_block_end;
+
+  CUTE_DEVICE bool empty() const { return n_block_end <= n_block_begin; }
+};
+
+template <class Traits>
+struct FwdMainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+
+  // Global tensors as TMA sees them: (rows, head dim, heads, batch) for Q
+  // and K, and V transposed, (head dim, rows, heads, batch). A varlen batch
+  // is one packed sequence of batch 1 (rows: total_q or total_k).
+  using ShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideRows = Stride<int64_t, _1, int64_t, int64_t>;
+  using StrideRowsT = Stride<_1, int64_t, int64_t, int64_t>;
+
+  template <class SmemLayout, class Tile, class StrideT>
+  static auto make_tma(const Element* ptr, ShapeRows shape, StrideT stride) {
+    return make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(ptr), shape, stride), SmemLayout{}, Tile{}, _1{});
+  }
+  using TmaQ = decltype(make_tma<typename Traits::SmemLayoutQ, Shape<Int<kBlockM>, Int<kHeadDim>>>(
+      nullptr, ShapeRows{}, StrideRows{}));
+  using TmaK = decltype(make_tma<typename Traits::SmemLayoutKStage,
+                                 Shape<Int<kBlockN>, Int<kHeadDim>>>(nullptr, ShapeRows{}, StrideRows{}));
+  using TmaV = decltype(make_tma<typename Traits::SmemLayoutVtStage,
+                                 Shape<Int<kHeadDim>, Int<kBlockN>>>(nullptr, ShapeRows{}, StrideRowsT{}));
+
+  struct Params {
+    TmaQ tma_q;
+    TmaK tma_k;
+    TmaV tma_v;
+    ShapeRows shape_q;   // (rows, kHeadDim, nheads, batch)
+    ShapeRows shape_k;   // (rows, kHeadDim, nheads_k, batch)
+    ShapeRows shape_vt;  // (kHeadDim, rows, nheads_k, batch)
+  };
+
+  // The descriptors for params' q, k and v (16-byte aligned pointers and
+  // strides: can_implement_fwd checked them; fwd_supports, that TMA can step
+  // them). A mode of extent 1 is never stepped: it gets stride 8 elements,
+  // whatever the caller's (TMA refuses some, 0 among them).
+  static Params to_params(FwdParams const& p) {
+    const bool varlen = is_varlen(p);
+    const int32_t batch = varlen ? 1 : p.batch;
+    const int32_t rows_q = varlen ? p.total_q : p.seqlen_q;
+    const int32_t rows_k = varlen ? p.total_k : p.seqlen_k;
+    auto stride = [](int64_t s, int32_t extent) { return extent > 1 ? s : int64_t(8); };
+    const ShapeRows shape_q{rows_q, kHeadDim, p.nheads, batch};
+    const ShapeRows shape_k{rows_k, kHeadDim, p.nheads_k, batch};
+    const ShapeRows shape_vt{kHeadDim, rows_k, p.nheads_k, batch};
+    const StrideRows stride_q{stride(p.q_row_stride, rows_q), _1{}, stride(p.q_head_stride, p.nheads),
+                              stride(p.q_batch_stride, batch)};
+    const StrideRows stride_k{stride(p.k_row_stride, rows_k), _1{}, stride(p.k_head_stride, p.nheads_k),
+                              stride(p.k_batch_stride, batch)};
+    const StrideRowsT stride_vt{_1{}, stride(p.v_row_stride, rows_k), stride(p.v_head_stride, p.nheads_k),
+                                stride(p.v_batch_stride, batch)};
+    return {make_tma<typename Traits::SmemLayoutQ, Shape<Int<kBlockM>, Int<kHeadDim>>>(
+                static_cast<const Element*>(p.q), shape_q, stride_q),
+            make_tma<typename Traits::SmemLayoutKStage, Shape<Int<kBlockN>, Int<kHeadDim>>>(
+                static_cast<const Element*>(p.k), shape_k, stride_k),
+            make_tma<typename Traits::SmemLayoutVtStage, Shape<Int<kHeadDim>, Int<kBlockN>>>(
+                static_cast<const Element*>(p.v), shape_vt, stride_vt),
+            shape_q, shape_k, shape_vt};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& params) {
+    prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+  }
+
+  // A sequence's rows of a (rows, d, heads, batch) coordinate tensor, at
+  // one head: its batch slice, or (varlen) its rows of the packed one.
+  template <class Tensor_>
+  CUTE_DEVICE static auto sequence_rows(Tensor_ const& m, int head, SeqInfo const& seq, int row_start) {
+    if (seq.varlen) return domain_offset(make_coord(row_start, _0{}), m(_, _, head, 0));
+    return domain_offset(make_coord(0, _0{}), m(_, _, head, seq.batch));
+  }
+  template <class Tensor_>
+  CUTE_DEVICE static auto sequence_cols(Tensor_ const& m, int head, SeqInfo const& seq, int row_start) {
+    if (seq.varlen) return domain_offset(make_coord(_0{}, row_start), m(_, _, head, 0));
+    return domain_offset(make_coord(_0{}, 0), m(_, _, head, seq.batch));
+  }
+
+  // The producer (one thread, the pipelines' leader): Q, then K and V of
+  // each key block the consumers will visit, in their order.
+  template <MaskKind kMask, class SharedStorage>
+  CUTE_DEVICE static void load(Params const& params, SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
+                               typename Traits::PipelineKV& pipeline_v,
+                               typename Traits::PipelineKV::PipelineState& write,
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile) {
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
+    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
+
+    Tensor mQ = sequence_rows(params.tma_q.get_tma_tensor(params.shape_q), tile.head, tile.seq, tile.seq.q_start);
+    Tensor mK = sequence_rows(params.tma_k.get_tma_tensor(params.shape_k), tile.head_k, tile.seq, tile.seq.k_start);
+    Tensor mVt = sequence_cols(params.tma_v.get_tma_tensor(params.shape_vt), tile.head_k, tile.seq, tile.seq.k_start);
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));  // (kBlockM, kHeadDim)
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));     // (kBlockN, kHeadDim, n)
+    Tensor gVt = local_tile(mVt, Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));   // (kHeadDim, kBlockN, n)
+
+    auto tma_q = params.tma_q.get_slice(_0{});
+    auto tma_k = params.tma_k.get_slice(_0{});
+    auto tma_v = params.tma_v.get_slice(_0{});
+    Tensor tQgQ = tma_q.partition_S(gQ);   // (TMA, TMA_M, TMA_D)
+    Tensor tQsQ = tma_q.partition_D(sQ);   // (TMA, TMA_M, TMA_D)
+    Tensor tKgK = tma_k.partition_S(gK);   // (TMA, TMA_N, TMA_D, n)
+    Tensor tKsK = tma_k.partition_D(sK);   // (TMA, TMA_N, TMA_D, kStages)
+    Tensor tVgV = tma_v.partition_S(gVt);  // (TMA, TMA_D, TMA_N, n)
+    Tensor tVsV = tma_v.partition_D(sVt);  // (TMA, TMA_D, TMA_N, kStages)
+
+    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q);
+    barrier_q.arrive_and_expect_tx(Traits::kBytesQ);
+    copy(params.tma_q.with(storage.barrier_q), tQgQ, tQsQ);
+    for (int n_block = tile.n_block_end - 1; n_block >= tile.n_block_begin; --n_block) {
+      pipeline_k.producer_acquire(write);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, _, _, n_block),
+           tKsK(_, _, _, write.index()));
+      pipeline_v.producer_acquire(write);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, _, _, n_block),
+           tVsV(_, _, _, write.index()));
+      ++write;
+    }
+  }
+
+  // The consumers (kMmaThreads, thread index mma_tid): O and the row
+  // logsumexps of the tile into acc_o and the returned fragment.
+  template <MaskKind kMask, class SharedStorage, class AccO>
+  CUTE_DEVICE static auto mma(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
+                              typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
+                              FwdTile<kMask, kBlockM, kBlockN> const& tile, float softmax_scale, AccO& acc_o,
+                              int mma_tid) {
+    using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
+    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
+
+    typename Traits::TiledMmaQK tiled_mma_qk;
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tid);
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tid);
+    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_D) descriptors
+    Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_D, kStages) descriptors
+    Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, kStages) descriptors
+    Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(ShapeS{}));  // (MMA, MMA_M, MMA_N) -> (row, col)
+
+    constexpr int kRowsPerThread = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
+    OnlineSoftmax<kRowsPerThread> softmax(softmax_scale * float(M_LOG2E));
+    clear(acc_o);
+    Tensor acc_o_rowcol = rowcol_view(acc_o);  // (rows, head-dim cols)
+
+    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q);
+    barrier_q.wait(0);
+
+    auto process_key_block = [&](int n_block, auto masked) {
+      Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
+      pipeline_k.consumer_wait(read);
+      gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      warpgroup_wait<0>();
+      pipeline_k.consumer_release(read);
+      if constexpr (decltype(masked)::value) {
+        if (tile.mask.needs_mask(tile.m_block, n_block)) tile.mask.apply(acc_s, tScS, tile.m_block, n_block);
+      }
+      Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
+      softmax.update(scores, acc_o_rowcol);
+      Tensor rP = convert_fragment<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), acc_to_rs_operand_a_layout(rP.layout()));  // ((2,2,2), MMA_M, MMA_N)
+      pipeline_v.consumer_wait(read);
+      gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), acc_o);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(read);
+      ++read;
+    };
+
+    // As the SM80 kernel (sm80/fwd_kernel.hpp): the first blocks visited
+    // may need the mask, the long middle never does; a window's left edge
+    // also masks the last ones visited (one loop, two call sites, there).
+    int n_block = tile.n_block_end - 1;
+    const int n_block_unmasked_end = tile.n_block_end - tile.mask.n_masked_blocks();
+    if constexpr (kMask != MaskKind::kLocal) {
+      for (; n_block >= tile.n_block_begin && n_block >= n_block_unmasked_end; --n_block) {
+        process_key_block(n_block, cute::true_type{});
+      }
+      for (; n_block >= tile.n_block_begin; --n_block) {
+        process_key_block(n_block, cute::false_type{});
+      }
+    } else {
+      const int n_block_unmasked_begin = tile.mask.n_block_left_unmasked_begin(tile.m_block);
+      for (; n_block >= tile.n_block_begin; --n_block) {
+        if (n_block >= n_block_unmasked_end || n_block < n_block_unmasked_begin) {
+          process_key_block(n_block, cute::true_type{});
+        } else {
+          process_key_block(n_block, cute::false_type{});
+        }
+      }
+    }
+    return softmax.finalize(acc_o_rowcol, softmax_scale);
+  }
+};
+
+}  // namespace flashtile::sm90

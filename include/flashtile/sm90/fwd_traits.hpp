@@ -1,0 +1,102 @@
+// Tile configuration of the SM90 forward (sm90/fwd_kernel.hpp): one producer
+// warpgroup that only issues TMA loads, and kBlockM / 64 consumer warpgroups,
+// each owning 64 query rows of the tile, that run both products on wgmma:
+//   S = Q·Kᵀ   (kBlockM × kBlockN)   both operands in shared memory (SS)
+//   O += P·V   (kBlockM × kHeadDim)  P from registers (RS), V in shared memory
+// Q, K and V land in 128-byte-swizzled tiles (64-byte where the head dim is
+// not a multiple of 64 elements), written by TMA and read by wgmma through
+// descriptors; V is read as the MN-major B operand of the second product
+// (its rows are keys, the product's K), so nothing is transposed.
+#pragma once
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include <type_traits>
+
+namespace flashtile::sm90 {
+
+using namespace cute;
+
+// Block shapes per head dim: query rows × keys per step, and K/V stages.
+// The first configuration of each, chosen to fit 227 KB of shared memory
+// and 240 registers per consumer thread; tuning comes with measurements.
+template <int kHeadDim>
+struct FwdConfig {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 96 : 64;
+  static constexpr int kStages = 2;
+};
+
+template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
+struct FwdTraits {
+  using Element = Element_;
+  static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Config_::kBlockM;
+  static constexpr int kBlockN = Config_::kBlockN;
+  static constexpr int kStages = Config_::kStages;
+  static constexpr int kMmaWarpgroups = kBlockM / 64;  // wgmma's M is 64 rows per warpgroup
+  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
+  static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+
+  // Registers per thread after setmaxnreg: the producer needs few, the
+  // consumers hold S, P and O. 24 + 2 · 240 warpgroups' worth fits the
+  // 64K-register file at one CTA per SM (FlashAttention-3's split).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kMmaRegisters = kMmaWarpgroups == 2 ? 240 : 160;
+
+  using MmaWarpgroups = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), MmaWarpgroups{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      MmaWarpgroups{}));
+
+  // The widest swizzle whose atom row the contiguous extent holds whole.
+  template <int kContiguous>
+  using AtomK = std::conditional_t<kContiguous % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                   std::conditional_t<kContiguous % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
+                                                      GMMA::Layout_K_SW32_Atom<Element>>>;
+  template <int kContiguous>
+  using AtomMN = std::conditional_t<kContiguous % 64 == 0, GMMA::Layout_MN_SW128_Atom<Element>,
+                                    std::conditional_t<kContiguous % 32 == 0, GMMA::Layout_MN_SW64_Atom<Element>,
+                                                       GMMA::Layout_MN_SW32_Atom<Element>>>;
+  using SmemLayoutQ = decltype(tile_to_shape(AtomK<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(AtomK<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V as the second product's B operand: (kHeadDim, kBlockN), head dim
+  // contiguous (MN-major), the atom tiled along the head dim first.
+  using SmemLayoutVt = decltype(tile_to_shape(AtomMN<kHeadDim>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                              Step<_2, _1, _3>{}));
+  using SmemLayoutKStage = decltype(SmemLayoutK{}(_, _, _0{}));    // one stage: TMA's box
+  using SmemLayoutVtStage = decltype(SmemLayoutVt{}(_, _, _0{}));
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+  // TMA writes whole boxes, out-of-bounds rows as zeros, so each stage's
+  // transaction is the full tile.
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    // 1024-byte alignment: the period of the 128-byte swizzle, which TMA
+    // and wgmma assume of a tile's base address.
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutVt>> v;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_k;
+    typename PipelineKV::SharedStorage pipeline_v;
+    uint64_t barrier_q;  // a transaction barrier: Q's TMA load
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
+};
+
+}  // namespace flashtile::sm90
