@@ -97,17 +97,18 @@ def _dropout_seed(device: torch.device) -> torch.Tensor:
     return torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, device=device)
 
 
-def _padded_to_kernel_head_dim(q, k, v):
-    """q, k, v zero-padded to the next head dim with a kernel of its own (as
-    they are when it has one). Zeros add nothing to q·k, and v's padding only
-    fills out's columns that _run cuts off again; autograd carries the
-    gradients back through the padding."""
-    pad = _checks.kernel_head_dim(q.shape[-1]) - q.shape[-1]
+def padded_to_kernel_head_dim(*tensors):
+    """q, k, v (and, for a backward, dout and out) zero-padded in the last
+    dim to the next head dim with a kernel of its own (as they are when it
+    has one). Zeros add nothing to q·k, and v's padding only fills out's
+    columns that are cut off again; autograd carries the gradients back
+    through the padding."""
+    pad = _checks.kernel_head_dim(tensors[0].shape[-1]) - tensors[0].shape[-1]
     if not pad:
-        return q, k, v
+        return tensors
     # F.pad keeps some input layouts (e.g. a stride-1 dim that is not the
     # last); the kernels need the last dim contiguous.
-    return tuple(F.pad(t, (0, pad)).contiguous() for t in (q, k, v))
+    return tuple(F.pad(t, (0, pad)).contiguous() for t in tensors)
 
 
 def _run(q, k, v, head_dim, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout_p,
@@ -154,7 +155,7 @@ def _attention(q, k, v, names, dropout_p, softmax_scale, causal, window_size, so
     _checks.check_fwd_tensors(q, k, v, _FWD_BUILT[variant], names=names, alibi_slopes=alibi_slopes,
                               variant=variant)
     window = _checks.kernel_window(window_size, bool(causal), q.shape[1], k.shape[1])
-    return _run(*_padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
+    return _run(*padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
                 softcap, alibi_slopes, dropout_p, return_attn_probs)
 
 
@@ -267,7 +268,7 @@ def _attention_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
                                  alibi_slopes=alibi_slopes, variant=variant)
     window = _checks.kernel_window(window_size, bool(causal), int(max_seqlen_q), int(max_seqlen_k))
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
-    return _run(*_padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
+    return _run(*padded_to_kernel_head_dim(q, k, v), q.shape[-1], softmax_scale, causal, deterministic, window,
                 softcap, alibi_slopes, dropout_p, return_attn_probs, varlen)
 
 

@@ -77,14 +77,6 @@ def _check_lse(lse, shape, name: str = "softmax_lse") -> None:
         raise ValueError(f"{name} must be float32 of shape {tuple(shape)} (the forward's), got {got}")
 
 
-def _kernel_sized(*tensors):
-    """The tensors zero-padded in the last dim to the kernel's head dim."""
-    pad = _checks.kernel_head_dim(tensors[0].shape[-1]) - tensors[0].shape[-1]
-    if not pad:
-        return tensors
-    return tuple(torch.nn.functional.pad(t, (0, pad)) for t in tensors)
-
-
 def _writable_in_place(given, kernel_shape) -> bool:
     """The caller's output can take the kernels' result directly."""
     return given is not None and tuple(given.shape) == tuple(kernel_shape) and _ops.vector_friendly(given)
@@ -127,7 +119,7 @@ def _forward(q, k, v, out, alibi_slopes, p_dropout, softmax_scale, is_causal, wi
     window = _checks.kernel_window((window_size_left, window_size_right), bool(is_causal), *seqlens)
     scale = _scale(softmax_scale, q.shape[-1])
     with torch.no_grad():
-        qk, kk, vk = _kernel_sized(q, k, v)
+        qk, kk, vk = _interface.padded_to_kernel_head_dim(q, k, v)
         out_k = out if _writable_in_place(out, qk.shape) else torch.empty(qk.shape, dtype=q.dtype, device=q.device)
         _, lse = _ops._empty_outputs(qk)
         probs = (_ops._empty_attn_probs(qk, kk, varlen_args[0], varlen_args[3], varlen_args[4], True)
@@ -174,7 +166,7 @@ def _backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, alibi_slopes, p_dropo
     scale = _scale(softmax_scale, q.shape[-1])
     seed = _dropout_seed(p_dropout, rng_state)
     with torch.no_grad():
-        dout_k, qk, kk, vk, out_k = _kernel_sized(dout, q, k, v, out)
+        dout_k, qk, kk, vk, out_k = _interface.padded_to_kernel_head_dim(dout, q, k, v, out)
         grads = []
         for given, like in ((dq, qk), (dk, kk), (dv, vk)):
             grads.append(given if _writable_in_place(given, like.shape)
