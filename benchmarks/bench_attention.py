@@ -112,7 +112,11 @@ SDPA_BACKENDS = {
 # flashtile_deterministic: the same forward, and the backward with
 # deterministic=True (dq summed in a fixed order); timed in bwd and fwdbwd only.
 GRAD_ONLY_IMPLS = ("flashtile_deterministic",)
-ATTENTION_IMPLS = ("flashtile", *GRAD_ONLY_IMPLS, *SDPA_BACKENDS)
+# flashtile_sm80: flashtile with its dispatch limited to the mma.sync kernels
+# (_C.limit_dispatch_arch), so that on an H100/H200 the wgmma path's gain over
+# them is measured in the same process.
+FLASHTILE_IMPLS = ("flashtile", *GRAD_ONLY_IMPLS, "flashtile_sm80")
+ATTENTION_IMPLS = (*FLASHTILE_IMPLS, *SDPA_BACKENDS)
 IMPLS = (*ATTENTION_IMPLS, "cublas_bmm", "cublas_gemm")
 GEMM_SIZE = 8192
 QUICK_SEQLENS = (1024,)
@@ -199,7 +203,7 @@ def result_row(impl: str, case: Case, ms: float, flops: float, **shape) -> dict:
 def attention_fn(impl: str, q, k, v, causal: int):
     """A no-argument callable returning impl's attention output, (b, s, h, d).
     With q, k, v that require grad, each call builds an autograd graph."""
-    if impl in ("flashtile", "flashtile_deterministic"):
+    if impl in FLASHTILE_IMPLS:
         # Imported here so that a missing or partial build skips flashtile's
         # rows, with the reason, instead of stopping the sweep.
         import flashtile
@@ -214,7 +218,20 @@ def attention_fn(impl: str, q, k, v, causal: int):
 def impl_context(impl: str):
     """SDPA's backend choice, held around the check and the timing (forward and
     backward alike), not each call."""
+    if impl == "flashtile_sm80":
+        return sm80_dispatch()
     return sdpa_kernel(SDPA_BACKENDS[impl]) if impl in SDPA_BACKENDS else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def sm80_dispatch():
+    from flashtile import _C
+
+    _C.limit_dispatch_arch("sm80")
+    try:
+        yield
+    finally:
+        _C.limit_dispatch_arch("sm90")
 
 
 def attempt(thunk):
@@ -652,7 +669,7 @@ def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: l
     cublas_bmm (forward-only, causal 0) is the same number in every table."""
     tflops = {(r["impl"], r["direction"], r["hdim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in sweep.rows}
     columns = [i for i in impls if i != "cublas_gemm"]
-    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "flashtile_deterministic")
+    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "flashtile_deterministic", "flashtile_sm80")
               if "flashtile" in impls and b in impls]
     widths = [14] * len(columns) + [9] * len(ratios)
     for direction in directions:

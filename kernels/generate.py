@@ -22,10 +22,10 @@ ARCH = "sm80"  # the mma.sync path; runs on sm80 and newer
 # "Backward on wgmma"): bwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only.
 SM90_BWD_HEAD_DIMS = (192,)
 # The warp-specialized wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp),
-# plain variant: fwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only. Empty
-# until its kernels have passed the GPU suite (issue 22): they compile clean
-# (ptxas: no spills, HGMMA, UTMALDG, setmaxnreg 24/240) but have not run.
-SM90_FWD_HEAD_DIMS = ()
+# plain variant: fwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only, for
+# the head dims whose kernels have passed the GPU suite and the fuzzer on the
+# H200 (benchmarks/NOTES.md, "The SM90 forward, first version").
+SM90_FWD_HEAD_DIMS = (128,)
 
 DIRECTIONS = {"fwd": "Fwd", "bwd": "Bwd"}
 # variant: (file name suffix, registry enum, the launcher's kScoreMod). The

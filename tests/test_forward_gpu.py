@@ -108,7 +108,12 @@ def test_d64_key_tile_switch(dtype, seqlen_k, tile):
     last key block)."""
     require_built(64, dtype)
     q, k, v = rand_qkv(2, 300, seqlen_k, 4, 2, 64, dtype)
-    (out, lse, _), names = cuda_kernel_names(lambda: flashtile.flash_attn_func(q, k, v, return_attn_probs=True))
+    _C.limit_dispatch_arch("sm80")  # the sm80 kernel's tiles, on any GPU
+    try:
+        (out, lse, _), names = cuda_kernel_names(
+            lambda: flashtile.flash_attn_func(q, k, v, return_attn_probs=True))
+    finally:
+        _C.limit_dispatch_arch("sm90")
     assert fwd_tile_of(names) == tile
     check_against_reference(q, k, v, out, lse, False)
 
@@ -366,3 +371,48 @@ def test_torch_compile_dynamic_shapes():
         q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
         got = compiled(q, k, v, causal=True)
         torch.testing.assert_close(got, flashtile.flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------
+# the wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp)
+# --------------------------------------------------------------------------
+
+SM90_FWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn, variant in _C.built_kernels()
+                               if direction == "fwd" and arch == "sm90" and variant == "plain"}))
+
+
+def require_sm90_forward():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the wgmma forward runs on compute capability 9.0, this GPU is "
+                    f"{torch.cuda.get_device_capability()}")
+    if not SM90_FWD_BUILT:
+        pytest.skip("this build has no sm90 forward kernel (FLASHTILE_CUDA_ARCHS without 90a)")
+
+
+def forward_kernel_names(q, k, v, **kwargs):
+    (out, lse, _), names = cuda_kernel_names(
+        lambda: flashtile.flash_attn_func(q, k, v, return_attn_probs=True, **kwargs))
+    return out, lse, names
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_forward_is_the_kernel_that_runs(causal):
+    """On an sm90 device the plain forward of an sm90-built head dim runs the
+    wgmma kernel; the other tests of this file then check its results there.
+    What it does not take runs the sm80 kernel: softcap (the scoremod
+    variant) and a stride TMA cannot step (K and V expanded over heads)."""
+    require_sm90_forward()
+    for head_dim, name in SM90_FWD_BUILT:
+        q, k, v = rand_qkv(1, 200, 300, 4, 2, head_dim, DTYPES[name])
+        out, lse, names = forward_kernel_names(q, k, v, causal=causal)
+        assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
+        check_against_reference(q, k, v, out, lse, causal)
+
+        _, _, names = forward_kernel_names(q, k, v, causal=causal, softcap=30.0)
+        assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
+
+        k1, v1 = k[:, :, :1].expand(-1, -1, 4, -1), v[:, :, :1].expand(-1, -1, 4, -1)  # head stride 0
+        out, lse, names = forward_kernel_names(q, k1, v1, causal=causal)
+        assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
+        check_against_reference(q, k1, v1, out, lse, causal)
+
