@@ -24,6 +24,8 @@ struct OnlineSoftmax {
     fill(row_sum, 0.f);
   }
 
+  using RowFactors = Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>>;  // (kRows)
+
   // scores: (kRows, cols) view of this key block's S, masked entries = −inf.
   // out:    (kRows, head_dim cols) view of the O accumulator.
   // Updates the running max, rescales out and the running sums by
@@ -31,6 +33,16 @@ struct OnlineSoftmax {
   // scores with the unnormalized probabilities.
   template <class Scores, class Out>
   CUTE_DEVICE void update(Scores& scores, Out& out) {
+    rescale(out, to_probabilities(scores));
+  }
+
+  // update() in two halves, for a kernel whose O is still being written by
+  // the previous block's P·V product while this block's exponentials run
+  // (sm90/fwd_mainloop.hpp): to_probabilities() does everything but touch
+  // O and returns each row's factor (1 where the max did not move);
+  // rescale() applies them to O afterwards.
+  template <class Scores>
+  CUTE_DEVICE RowFactors to_probabilities(Scores& scores) {
     static_assert(decltype(size<0>(scores))::value == kRows);
     // Phase by phase over all rows, not row by row, so the rows' shuffles and
     // exp2s are independent work for the scheduler: causal seqlen 16k on the
@@ -44,22 +56,20 @@ struct OnlineSoftmax {
     }
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) block_max[r] = quad_allreduce(block_max[r], MaxOp{});
+    RowFactors factors;
     float max_scaled[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       // A row that has seen only masked keys keeps max = −inf; subtracting 0
       // instead keeps its probabilities exp2(−inf) = 0 rather than NaN.
       max_scaled[r] = block_max[r] == -INFINITY ? 0.f : block_max[r] * scale_log2;
-      // O and the sum are rescaled only when the row's max moved (once the
-      // max settles, most blocks skip it): d64 seqlen 16k went 309 -> 329
-      // TFLOP/s against rescaling by an exact 1.0. On a row's first visible
-      // block the correction is exp2(−inf) = 0, multiplying zeros.
+      // On a row's first visible block the factor is exp2(−inf) = 0,
+      // multiplying zeros.
+      factors(r) = 1.f;
       if (block_max[r] != row_max(r)) {
-        const float correction = fast_exp2(row_max(r) * scale_log2 - max_scaled[r]);
+        factors(r) = fast_exp2(row_max(r) * scale_log2 - max_scaled[r]);
         row_max(r) = block_max[r];
-        row_sum(r) *= correction;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+        row_sum(r) *= factors(r);
       }
     }
     CUTE_UNROLL
@@ -68,6 +78,21 @@ struct OnlineSoftmax {
       for (int c = 0; c < size<1>(scores); ++c) {
         scores(r, c) = fast_exp2(scores(r, c) * scale_log2 - max_scaled[r]);
         row_sum(r) += scores(r, c);
+      }
+    }
+    return factors;
+  }
+
+  // O's rows times their factors. Only where the max moved (once it
+  // settles, most blocks skip it): d64 seqlen 16k went 309 -> 329 TFLOP/s
+  // against rescaling by an exact 1.0.
+  template <class Out>
+  CUTE_DEVICE static void rescale(Out& out, RowFactors const& factors) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      if (factors(r) != 1.f) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(out); ++c) out(r, c) *= factors(r);
       }
     }
   }

@@ -2,7 +2,8 @@
 // registers cut to kProducerRegisters with setmaxnreg), warpgroups 1 ..
 // kMmaWarpgroups the consumers (raised to kMmaRegisters), which run the
 // mainloop (sm90/fwd_mainloop.hpp) and the epilogue (sm90/fwd_epilogue.hpp)
-// on the tile the scheduler (sm90/tile_scheduler.hpp) gives the CTA.
+// on each tile the scheduler (sm90/tile_scheduler.hpp) gives the CTA, the
+// producer loading the next tile's Q, K and V while they finish the last.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -28,6 +29,7 @@ template <class Traits>
 struct FwdKernelParams {
   FwdParams fwd;
   typename FwdMainloop<Traits>::Params mainloop;
+  TileScheduler scheduler;
 };
 
 template <class Traits, MaskKind kMask, bool kVarlen>
@@ -39,6 +41,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Mainloop = FwdMainloop<Traits>;
   using Epilogue = FwdEpilogue<Traits>;
   using PipelineKV = typename Traits::PipelineKV;
+  using Tile = FwdTile<kMask, kBlockM, kBlockN>;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // wgmma, TMA and setmaxnreg exist on sm90a only; run_fwd launches this
   // kernel nowhere else.
@@ -47,30 +50,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   extern __shared__ __align__(1024) char smem[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
   FwdParams const& p = params.fwd;
-
-  const TileCoord coord = SingleTileScheduler::tile<kMask == MaskKind::kCausal>();
-  const SeqInfo seq(p, coord.batch, std::bool_constant<kVarlen>{});
-  if constexpr (kVarlen) {
-    if (coord.m_block * kBlockM >= seq.seqlen_q) return;  // past this sequence's rows
-  }
-  const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-  const FwdTile<kMask, kBlockM, kBlockN> tile{coord.m_block, coord.head, coord.head / (p.nheads / p.nheads_k), seq,
-                                              mask,          mask.n_block_begin(coord.m_block),
-                                              mask.n_block_end(coord.m_block)};
   const int warp_group = int(threadIdx.x) / 128;
-  if (tile.empty()) {  // decided alike by every thread, before any barrier exists
-    if (warp_group > 0) Epilogue::store_zero(p, tile, int(threadIdx.x) - 128);
-    return;
-  }
 
-  // Barriers: Q's (one arrival, the producer's, plus Q's bytes), and the
-  // K and V rings (full: the producer's arrival plus a stage's bytes;
-  // empty: every consumer thread's arrival). Initialized by warp 0, made
-  // visible to the async proxy (fence_barrier_init, in the pipelines'
-  // constructors) and to every thread (__syncthreads) before first use.
+  // The tile of a linear index, as every thread of the CTA sees it; its
+  // key blocks empty when its rows see no key (or, varlen, when it lies
+  // past its sequence's rows: no rows at all).
+  auto tile_at = [&](int index) {
+    const TileCoord coord = params.scheduler.template tile<kMask == MaskKind::kCausal>(index);
+    const SeqInfo seq(p, coord.batch, std::bool_constant<kVarlen>{});
+    const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    Tile tile{coord.m_block, coord.head, coord.head / (p.nheads / p.nheads_k), seq, mask,
+              mask.n_block_begin(coord.m_block), mask.n_block_end(coord.m_block)};
+    if (kVarlen && coord.m_block * kBlockM >= seq.seqlen_q) tile.n_block_end = tile.n_block_begin;
+    return tile;
+  };
+  auto rows_exist = [](Tile const& tile) { return tile.m_block * kBlockM < tile.seq.seqlen_q; };
+
+  // Barriers: Q's full (the producer's arrival plus Q's bytes) and empty
+  // (every consumer thread's arrival once the tile's last Q·Kᵀ is done),
+  // and the K and V rings (full: the producer's arrival plus a stage's
+  // bytes; empty: every consumer thread's arrival). Initialized by thread
+  // 0, made visible to the async proxy (fence_barrier_init, in the
+  // pipelines' constructors) and to every thread (__syncthreads) before
+  // first use.
   if (threadIdx.x == 0) {
     Mainloop::prefetch_descriptors(params.mainloop);
-    cutlass::arch::ClusterTransactionBarrier::init(&storage.barrier_q, 1);
+    cutlass::arch::ClusterTransactionBarrier::init(&storage.barrier_q_full, 1);
+    cutlass::arch::ClusterBarrier::init(&storage.barrier_q_empty, Traits::kMmaThreads);
   }
   typename PipelineKV::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kBytesKV;
@@ -81,21 +87,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();
 
+  // Tiles with key blocks to visit count the uses of Q's barriers (their
+  // phase); the others only write zeros.
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (threadIdx.x == 0) {
       auto write = cutlass::make_producer_start_state<PipelineKV>();
-      Mainloop::template load<kMask>(params.mainloop, storage, pipeline_k, pipeline_v, write, tile);
+      int q_uses = 0;
+      for (int index = blockIdx.x; index < params.scheduler.num_tiles; index += gridDim.x) {
+        const Tile tile = tile_at(index);
+        if (tile.empty()) continue;
+        Mainloop::template load<kMask>(params.mainloop, storage, pipeline_k, pipeline_v, write, tile, q_uses++);
+      }
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
     const int mma_tid = int(threadIdx.x) - 128;
     typename PipelineKV::PipelineState read;
     typename Traits::TiledMmaPV tiled_mma_pv;
-    Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
-    auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, p.softmax_scale, acc_o,
-                                             mma_tid);
-    Epilogue::store(p, tile, acc_o, lse, mma_tid);
+    int q_uses = 0;
+    for (int index = blockIdx.x; index < params.scheduler.num_tiles; index += gridDim.x) {
+      const Tile tile = tile_at(index);
+      if (tile.empty()) {
+        if (rows_exist(tile)) Epilogue::store_zero(p, tile, mma_tid);
+        continue;
+      }
+      Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
+      auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, p.softmax_scale, acc_o,
+                                               mma_tid, q_uses++);
+      Epilogue::store(p, tile, acc_o, lse, mma_tid);
+    }
   }
 #endif
 }

@@ -15,15 +15,19 @@
 
 namespace flashtile::sm90 {
 
-template <class Traits, MaskKind kMask>
+template <int kHeadDim, class Element, MaskKind kMask>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdTraits<kHeadDim, Element>;
   auto* kernel = is_varlen(params) ? &fwd_kernel<Traits, kMask, true> : &fwd_kernel<Traits, kMask, false>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
   }
-  const FwdKernelParams<Traits> kernel_params{params, FwdMainloop<Traits>::to_params(params)};
-  kernel<<<SingleTileScheduler::grid<Traits::kBlockM>(params), Traits::kNThreads, kSmemBytes, stream>>>(
+  const auto scheduler = TileScheduler::make<Traits::kBlockM>(params);
+  if (scheduler.num_tiles == 0) return Status::kSuccess;
+  const bool persistent = kMask == MaskKind::kNone && !is_varlen(params);  // uniform tiles (tile_scheduler.hpp)
+  const FwdKernelParams<Traits> kernel_params{params, FwdMainloop<Traits>::to_params(params), scheduler};
+  kernel<<<scheduler.grid(persistent, multiprocessor_count()), Traits::kNThreads, kSmemBytes, stream>>>(
       kernel_params);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }
@@ -35,15 +39,14 @@ template <int kHeadDim, class Element>
 Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (!device_is_sm90()) return Status::kUnsupportedDevice;
   if (!fwd_supports(params)) return Status::kInvalidArgument;
-  using Traits = FwdTraits<kHeadDim, Element>;
   FwdParams p = params;  // with causal folded into the window
   switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
     case MaskKind::kNone:
-      return launch_fwd<Traits, MaskKind::kNone>(p, stream);
+      return launch_fwd<kHeadDim, Element, MaskKind::kNone>(p, stream);
     case MaskKind::kCausal:
-      return launch_fwd<Traits, MaskKind::kCausal>(p, stream);
+      return launch_fwd<kHeadDim, Element, MaskKind::kCausal>(p, stream);
     default:
-      return launch_fwd<Traits, MaskKind::kLocal>(p, stream);
+      return launch_fwd<kHeadDim, Element, MaskKind::kLocal>(p, stream);
   }
 }
 

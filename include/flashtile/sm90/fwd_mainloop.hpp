@@ -1,13 +1,17 @@
 // The SM90 forward's mainloop, in its two halves:
-//   load()  the producer: one thread issues TMA loads of Q (once per tile)
-//           and of K and V (per key block, into kStages-deep rings that
-//           complete on mbarriers, PipelineTmaAsync);
-//   mma()   the consumer warpgroups: for each visible key block, last to
+//   load()  the producer: one thread issues TMA loads of Q (once per tile,
+//           once the tile before has done with it) and of K and V (per key
+//           block, into kStages-deep rings that complete on mbarriers,
+//           PipelineTmaAsync);
+//   mma()   the consumer warpgroups: for each visible key block j, last to
 //           first,
-//             S = Q·Kᵀ (wgmma, SS); release K's stage
-//             mask (tiles on a boundary only); online softmax, O rescaled
-//             O += P·V (wgmma, RS: P converted in registers); release V's
-//           and return the row logsumexp.
+//             S_j = Q·K_jᵀ (wgmma, SS), then O += P_{j+1}·V_{j+1} (wgmma,
+//               RS: the block before's probabilities from registers)
+//             once S_j is done: release K's stage; mask (tiles on a
+//               boundary only); the online softmax's exponentials
+//             once the product is done: release V's stage, rescale O,
+//               P_j = S_j converted in registers
+//           then the last block's product, and return the row logsumexp.
 // Host-side, to_params() builds the three TMA descriptors from FwdParams
 // once per launch; they travel in the kernel's __grid_constant__ parameters.
 #pragma once
@@ -26,6 +30,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/fwd_traits.hpp"
 #include "flashtile/sm90/gemm.hpp"
+#include "flashtile/sm90/warpgroup_turns.hpp"
 
 namespace flashtile::sm90 {
 
@@ -128,12 +133,13 @@ struct FwdMainloop {
   }
 
   // The producer (one thread, the pipelines' leader): Q, then K and V of
-  // each key block the consumers will visit, in their order.
+  // each key block the consumers will visit. write is K's ring state and
+  // V's alike (both advance one stage per block).
   template <MaskKind kMask, class SharedStorage>
   CUTE_DEVICE static void load(Params const& params, SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                                typename Traits::PipelineKV& pipeline_v,
                                typename Traits::PipelineKV::PipelineState& write,
-                               FwdTile<kMask, kBlockM, kBlockN> const& tile) {
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile, int q_use) {
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
@@ -155,18 +161,37 @@ struct FwdMainloop {
     Tensor tVgV = tma_v.partition_S(gVt);  // (TMA, TMA_D, TMA_N, n)
     Tensor tVsV = tma_v.partition_D(sVt);  // (TMA, TMA_D, TMA_N, kStages)
 
-    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q);
+    // Q's buffer is free once the consumers' last Q·Kᵀ of the CTA's tile
+    // before is done.
+    if (q_use > 0) cutlass::arch::ClusterBarrier::wait(&storage.barrier_q_empty, (q_use - 1) & 1);
+    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q_full);
     barrier_q.arrive_and_expect_tx(Traits::kBytesQ);
-    copy(params.tma_q.with(storage.barrier_q), tQgQ, tQsQ);
-    for (int n_block = tile.n_block_end - 1; n_block >= tile.n_block_begin; --n_block) {
+    copy(params.tma_q.with(storage.barrier_q_full), tQgQ, tQsQ);
+    // In the order the consumers use them: K of the first block visited,
+    // then per block K of the next with V of this one (they issue Q·K_jᵀ
+    // with P_{j+1}·V_{j+1}), then the last V. Waiting for V's stage (freed
+    // only once the block after it is done) then never holds back the next
+    // K, whose stage is freed as soon as its S is.
+    auto write_v = write;
+    auto load_k = [&](int n_block) {
       pipeline_k.producer_acquire(write);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, _, _, n_block),
            tKsK(_, _, _, write.index()));
-      pipeline_v.producer_acquire(write);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, _, _, n_block),
-           tVsV(_, _, _, write.index()));
       ++write;
+    };
+    auto load_v = [&](int n_block) {
+      pipeline_v.producer_acquire(write_v);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write_v)), tVgV(_, _, _, n_block),
+           tVsV(_, _, _, write_v.index()));
+      ++write_v;
+    };
+    int n_block = tile.n_block_end - 1;
+    load_k(n_block);
+    for (; n_block > tile.n_block_begin; --n_block) {
+      load_k(n_block - 1);
+      load_v(n_block);
     }
+    load_v(n_block);
   }
 
   // The consumers (kMmaThreads, thread index mma_tid): O and the row
@@ -175,7 +200,7 @@ struct FwdMainloop {
   CUTE_DEVICE static auto mma(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
                               FwdTile<kMask, kBlockM, kBlockN> const& tile, float softmax_scale, AccO& acc_o,
-                              int mma_tid) {
+                              int mma_tid, int q_use) {
     using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
@@ -195,33 +220,70 @@ struct FwdMainloop {
     clear(acc_o);
     Tensor acc_o_rowcol = rowcol_view(acc_o);  // (rows, head-dim cols)
 
-    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q);
-    barrier_q.wait(0);
+    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q_full);
+    barrier_q.wait(q_use & 1);
+    // The consumer warpgroups take turns at issuing their products (ping-pong).
+    const ProductTurns<Traits::kMmaWarpgroups> turns(mma_tid / 128);
 
-    auto process_key_block = [&](int n_block, auto masked) {
-      Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
-      pipeline_k.consumer_wait(read);
-      gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
-      warpgroup_wait<0>();
-      pipeline_k.consumer_release(read);
+    // P of the block before, as the A operand of O += P·V: ((2, 2, 2), MMA_M, MMA_N)
+    Tensor tOrP = make_tensor<Element>(acc_to_rs_operand_a_layout(
+        partition_fragment_C(tiled_mma_qk, ShapeS{}).layout()));
+    auto set_probabilities = [&](auto const& acc_s) {
+      copy(convert_fragment<Element>(acc_s), make_tensor(tOrP.data(), acc_s.layout()));
+    };
+    auto mask_if = [&](auto& acc_s, int n_block, auto masked) {
       if constexpr (decltype(masked)::value) {
         if (tile.mask.needs_mask(tile.m_block, n_block)) tile.mask.apply(acc_s, tScS, tile.m_block, n_block);
       }
-      Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
-      softmax.update(scores, acc_o_rowcol);
-      Tensor rP = convert_fragment<Element>(acc_s);
-      Tensor tOrP = make_tensor(rP.data(), acc_to_rs_operand_a_layout(rP.layout()));  // ((2,2,2), MMA_M, MMA_N)
-      pipeline_v.consumer_wait(read);
-      gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), acc_o);
+    };
+
+    // The first block visited: S, its mask and its probabilities, with no
+    // product of O to wait for.
+    int n_block = tile.n_block_end - 1;
+    {
+      Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
+      pipeline_k.consumer_wait(read);
+      turns.wait();
+      gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      turns.pass();
       warpgroup_wait<0>();
-      pipeline_v.consumer_release(read);
+      pipeline_k.consumer_release(read);
+      mask_if(acc_s, n_block, cute::true_type{});
+      Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
+      softmax.to_probabilities(scores);   // O is zero: nothing to rescale
+      set_probabilities(acc_s);
+    }
+    typename Traits::PipelineKV::PipelineState read_v = read;  // V of the block P belongs to
+    ++read;
+    --n_block;
+
+    // Each next block: S = Q·Kᵀ issued, then O += P·V of the block before;
+    // the exponentials of S run while the tensor cores finish that product,
+    // and only the rescale of O waits for it.
+    auto process_key_block = [&](int n_block, auto masked) {
+      Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
+      pipeline_k.consumer_wait(read);
+      pipeline_v.consumer_wait(read_v);
+      turns.wait();
+      gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
+      turns.pass();
+      warpgroup_wait<1>();  // S (committed first) done; P·V may still run
+      pipeline_k.consumer_release(read);
+      mask_if(acc_s, n_block, masked);
+      Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
+      const auto factors = softmax.to_probabilities(scores);
+      warpgroup_wait<0>();  // P·V done: O and P's registers are free
+      pipeline_v.consumer_release(read_v);
+      softmax.rescale(acc_o_rowcol, factors);
+      set_probabilities(acc_s);
+      read_v = read;
       ++read;
     };
 
     // As the SM80 kernel (sm80/fwd_kernel.hpp): the first blocks visited
     // may need the mask, the long middle never does; a window's left edge
     // also masks the last ones visited (one loop, two call sites, there).
-    int n_block = tile.n_block_end - 1;
     const int n_block_unmasked_end = tile.n_block_end - tile.mask.n_masked_blocks();
     if constexpr (kMask != MaskKind::kLocal) {
       for (; n_block >= tile.n_block_begin && n_block >= n_block_unmasked_end; --n_block) {
@@ -240,6 +302,17 @@ struct FwdMainloop {
         }
       }
     }
+
+    // Every Q·Kᵀ of the tile is done: Q's buffer may take the next tile's.
+    cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
+
+    // The last block's product.
+    pipeline_v.consumer_wait(read_v);
+    turns.wait();
+    gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
+    turns.pass_last();
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(read_v);
     return softmax.finalize(acc_o_rowcol, softmax_scale);
   }
 };

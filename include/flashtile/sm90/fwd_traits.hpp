@@ -22,9 +22,11 @@ namespace flashtile::sm90 {
 
 using namespace cute;
 
-// Block shapes per head dim: query rows × keys per step, and K/V stages.
-// The first configuration of each, chosen to fit 227 KB of shared memory
-// and 240 registers per consumer thread; tuning comes with measurements.
+// Block shapes per head dim: query rows × keys per step, and K/V stages,
+// chosen to fit 227 KB of shared memory and 240 registers per consumer
+// thread. On the H200 (benchmarks/NOTES.md), at d128: 128 × 176 without a
+// mask (FlashAttention-3's choice) ran 20 % slower than 128 × 128, and three
+// K/V stages (224 KB) no faster than two.
 template <int kHeadDim>
 struct FwdConfig {
   static constexpr int kBlockM = 128;
@@ -93,7 +95,8 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutVt>> v;
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
-    uint64_t barrier_q;  // a transaction barrier: Q's TMA load
+    uint64_t barrier_q_full;   // a transaction barrier: Q's TMA load
+    uint64_t barrier_q_empty;  // the consumers are done reading Q
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
