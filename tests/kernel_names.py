@@ -1,9 +1,12 @@
 """Which CUDA kernels a call launched, by name (torch's profiler), for the
 tests that check a dispatch decision: which tile or which kernel ran."""
 
+import contextlib
 import re
 
 import torch
+
+from flashtile import _C
 
 
 def cuda_kernel_names(fn):
@@ -25,3 +28,14 @@ def fwd_tile_of(names):
             assert found, name
             return int(found[1]), int(found[2])
     raise AssertionError(f"no forward kernel among {names}")
+
+
+@contextlib.contextmanager
+def sm80_kernels_only():
+    """The dispatch limited to the sm80 (mma.sync) kernels, on any GPU: for
+    tests of those kernels' own tiles, or that compare them bit for bit."""
+    _C.limit_dispatch_arch("sm80")
+    try:
+        yield
+    finally:
+        _C.limit_dispatch_arch("sm90")

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks, _ops
-from kernel_names import cuda_kernel_names, fwd_tile_of
+from kernel_names import cuda_kernel_names, fwd_tile_of, sm80_kernels_only
 from reference import assert_close_fa_rule, attention_ref
 
 KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
@@ -108,12 +108,8 @@ def test_d64_key_tile_switch(dtype, seqlen_k, tile):
     last key block)."""
     require_built(64, dtype)
     q, k, v = rand_qkv(2, 300, seqlen_k, 4, 2, 64, dtype)
-    _C.limit_dispatch_arch("sm80")  # the sm80 kernel's tiles, on any GPU
-    try:
-        (out, lse, _), names = cuda_kernel_names(
-            lambda: flashtile.flash_attn_func(q, k, v, return_attn_probs=True))
-    finally:
-        _C.limit_dispatch_arch("sm90")
+    with sm80_kernels_only():
+        (out, lse, _), names = cuda_kernel_names(lambda: flashtile.flash_attn_func(q, k, v, return_attn_probs=True))
     assert fwd_tile_of(names) == tile
     check_against_reference(q, k, v, out, lse, False)
 
@@ -416,3 +412,14 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
         assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
         check_against_reference(q, k1, v1, out, lse, causal)
 
+
+
+def test_sm90_forward_several_tiles_per_cta():
+    """Without a mask the wgmma forward's grid is persistent, one CTA per SM:
+    384 tiles (the last query block of each head partial) on the H200's 132
+    SMs, so each CTA runs two or three, reusing Q's buffer and carrying its
+    K/V pipeline from one tile to the next."""
+    require_sm90_forward()
+    for head_dim, name in SM90_FWD_BUILT:
+        q, k, v = rand_qkv(3, 1000, 777, 16, 4, head_dim, DTYPES[name])
+        run_and_check(q, k, v, causal=False)
