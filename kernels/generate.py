@@ -25,7 +25,7 @@ SM90_BWD_HEAD_DIMS = (192,)
 # plain variant: fwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only, for
 # the head dims whose kernels have passed the GPU suite and the fuzzer on the
 # H200 (benchmarks/NOTES.md, "The SM90 forward, first version").
-SM90_FWD_HEAD_DIMS = (128,)
+SM90_FWD_HEAD_DIMS = HEAD_DIMS
 
 DIRECTIONS = {"fwd": "Fwd", "bwd": "Bwd"}
 # variant: (file name suffix, registry enum, the launcher's kScoreMod). The
@@ -108,8 +108,8 @@ def main():
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)
-        else:
-            path.write_text(text)
+        elif not path.exists() or path.read_text() != text:
+            path.write_text(text)  # only what changed: an incremental build recompiles just that
     if stale:
         print("stale generated kernels (run kernels/generate.py):", *stale, file=sys.stderr)
         return 1
