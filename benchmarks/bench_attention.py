@@ -116,7 +116,10 @@ GRAD_ONLY_IMPLS = ("flashtile_deterministic",)
 # (_C.limit_dispatch_arch), so that on an H100/H200 the wgmma path's gain over
 # them is measured in the same process.
 FLASHTILE_IMPLS = ("flashtile", *GRAD_ONLY_IMPLS, "flashtile_sm80")
-ATTENTION_IMPLS = (*FLASHTILE_IMPLS, *SDPA_BACKENDS)
+# fa4: FlashAttention-4 (flash_attn.cute, the CuTe-DSL kernels), where it is
+# importable (../shared/device/stage-fa4.sh stages it on a host without
+# network); elsewhere its rows are skipped with the import error.
+ATTENTION_IMPLS = (*FLASHTILE_IMPLS, *SDPA_BACKENDS, "fa4")
 IMPLS = (*ATTENTION_IMPLS, "cublas_bmm", "cublas_gemm")
 GEMM_SIZE = 8192
 QUICK_SEQLENS = (1024,)
@@ -210,6 +213,14 @@ def attention_fn(impl: str, q, k, v, causal: int):
 
         deterministic = impl == "flashtile_deterministic"
         return lambda: flashtile.flash_attn_func(q, k, v, causal=bool(causal), deterministic=deterministic)
+    if impl == "fa4":
+        from flash_attn.cute import flash_attn_func as fa4_attention
+
+        def fa4():
+            result = fa4_attention(q, k, v, causal=bool(causal))
+            return result[0] if isinstance(result, tuple) else result  # (out, lse)
+
+        return fa4
     # SDPA takes (b, h, s, d): views of the same (b, s, h, d) storage.
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal)).transpose(1, 2)
@@ -669,7 +680,7 @@ def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: l
     cublas_bmm (forward-only, causal 0) is the same number in every table."""
     tflops = {(r["impl"], r["direction"], r["hdim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in sweep.rows}
     columns = [i for i in impls if i != "cublas_gemm"]
-    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "flashtile_deterministic", "flashtile_sm80")
+    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "fa4", "flashtile_deterministic", "flashtile_sm80")
               if "flashtile" in impls and b in impls]
     widths = [14] * len(columns) + [9] * len(ratios)
     for direction in directions:
