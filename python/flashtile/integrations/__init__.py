@@ -1,0 +1,1 @@
+"""flashtile plugged into other libraries' attention interfaces: ``transformers``."""
