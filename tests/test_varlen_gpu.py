@@ -262,3 +262,29 @@ def test_varlen_under_torch_compile_fullgraph():
     assert torch.equal(out_compiled, out_eager)
     for name, got, want in zip(("dq", "dk", "dv"), grads_compiled, grads_eager):
         assert torch.equal(got, want), f"{name} differs under torch.compile"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_keys_past_seqused_k_never_reach_the_output(causal):
+    """A KV cache's slots past seqused_k may hold anything, NaN and Inf
+    included: their probabilities are 0, and no kernel may let 0 · NaN into
+    out or lse (each path zero-fills those rows or never runs there)."""
+    require_built(128, "bf16")
+    lens_q, lens_k, used = [70, 1, 129], [300, 150, 260], [37, 150, 200]
+    q = packed(lens_q, 4, 128, torch.bfloat16, 0, 0)
+    k, v = (packed(lens_k, 2, 128, torch.bfloat16, 0, 0) for _ in range(2))
+    cu_q, cu_k = offsets(lens_q, 0), offsets(lens_k, 0)
+    with torch.no_grad():
+        for b, (start, n_used) in enumerate(zip(cu_k[:-1].tolist(), used)):
+            k[start + n_used:cu_k[b + 1]] = float("nan")
+            v[start + n_used:cu_k[b + 1]] = float("inf") if b % 2 else float("nan")
+    used_t = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                                   return_attn_probs=True, seqused_k=used_t)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    for b in range(len(lens_q)):
+        q0, q1, k0 = cu_q[b].item(), cu_q[b + 1].item(), cu_k[b].item()
+        ref, _ = attention_ref(q[None, q0:q1], k[None, k0:k0 + used[b]], v[None, k0:k0 + used[b]], causal=causal)
+        pt, _ = attention_ref(q[None, q0:q1], k[None, k0:k0 + used[b]], v[None, k0:k0 + used[b]], causal=causal,
+                              upcast=False)
+        assert_close_fa_rule(out[None, q0:q1], ref, pt, f"out of sequence {b}")
