@@ -126,6 +126,7 @@ KV = flashtile.flash_attn_kvpacked_func
 VL = flashtile.flash_attn_varlen_func
 VLQKV = flashtile.flash_attn_varlen_qkvpacked_func
 VLKV = flashtile.flash_attn_varlen_kvpacked_func
+KVC = flashtile.flash_attn_with_kvcache
 
 
 def varlen(x: "Inputs", **changes):
@@ -182,6 +183,8 @@ def option_cases() -> list[Case]:
         cases.append(Case(f"varlen_kvpacked: {name}",
                           lambda x, kw=kwargs: VLKV(x.vq, x.kv.flatten(0, 1), x.cu_q, x.cu_k, 5, 7, **kw),
                           exc, fragments))
+        if "dropout_p" not in kwargs:  # flash_attn_with_kvcache has no dropout
+            cases.append(Case(f"kvcache: {name}", lambda x, kw=kwargs: KVC(x.q, x.k, x.v, **kw), exc, fragments))
     return cases
 
 
@@ -334,7 +337,58 @@ def varlen_cases() -> list[Case]:
     ]
 
 
-CASES = option_cases() + tensor_cases() + packed_cases() + varlen_cases()
+def kvcache_cases() -> list[Case]:
+    """flash_attn_with_kvcache with x.k, x.v as a dense cache (2, 7, 2, d)."""
+    i32 = torch.int32
+
+    def ints(x, values, dtype=i32):
+        return torch.tensor(values, dtype=dtype, device=x.q.device)
+
+    return [
+        Case("kvcache: q 3-D", lambda x: KVC(x.q[0], x.k, x.v), ValueError, ("q must be 4-D",)),
+        Case("kvcache: k_cache not a tensor", lambda x: KVC(x.q, x.k.tolist(), x.v), TypeError,
+             ("k_cache must be a torch.Tensor", "list")),
+        Case("kvcache: v_cache of another shape", lambda x: KVC(x.q, x.k, x.v[:, :3]), ValueError,
+             ("v_cache must have k_cache's shape",)),
+        Case("kvcache: k_cache head dim differs", lambda x: KVC(x.q, resized(x.k, 3, 16), resized(x.v, 3, 16)),
+             ValueError, ("k_cache", "head dim")),
+        Case("kvcache: nheads not a multiple", lambda x: KVC(x.q, resized(x.k, 2, 3), resized(x.v, 2, 3)),
+             ValueError, ("nheads (4) must be a multiple of k_cache's nheads_k (3)",)),
+        Case("kvcache: q float32", lambda x: KVC(x.q.float(), x.k.float(), x.v.float()), ValueError,
+             ("q must be float16 or bfloat16",)),
+        Case("kvcache: k_cache of another dtype", lambda x: KVC(x.q, x.k.float(), x.v.float()), TypeError,
+             ("k_cache must have q's dtype",)),
+        Case("kvcache: head dim 264", lambda x: KVC(resized(x.q, 3, 264), resized(x.k, 3, 264), resized(x.v, 3, 264)),
+             ValueError, ("q: head dim 264",)),
+        Case("kvcache: k without v", lambda x: KVC(x.q, x.k, x.v, k=x.k[:, :1]), ValueError, ("k and v",)),
+        Case("kvcache: new k of another nheads_k", lambda x: KVC(x.q, x.k, x.v, k=x.q[:, :1], v=x.q[:, :1]),
+             ValueError, ("k must be (2, seqlen_new, 2,",)),
+        Case("kvcache: cache_seqlens int64", lambda x: KVC(x.q, x.k, x.v, cache_seqlens=ints(x, [1, 2], torch.int64)),
+             TypeError, ("cache_seqlens must be int32",)),
+        Case("kvcache: cache_seqlens of another batch", lambda x: KVC(x.q, x.k, x.v, cache_seqlens=ints(x, [1])),
+             ValueError, ("cache_seqlens must be (2,)",)),
+        Case("kvcache: cache_seqlens negative", lambda x: KVC(x.q, x.k, x.v, cache_seqlens=-1), ValueError,
+             ("cache_seqlens must be a non-negative int",)),
+        Case("kvcache: rotary_cos without rotary_sin", lambda x: KVC(x.q, x.k, x.v, rotary_cos=torch.ones(7, 8)),
+             ValueError, ("rotary_cos and rotary_sin",)),
+        Case("kvcache: block_table int64",
+             lambda x: KVC(x.q, x.k, x.v, block_table=ints(x, [[0], [1]], torch.int64)), TypeError,
+             ("block_table must be int32",)),
+        Case("kvcache: block_table with cache_batch_idx",
+             lambda x: KVC(x.q, x.k, x.v, block_table=ints(x, [[0], [1]]), cache_batch_idx=ints(x, [0, 1])),
+             ValueError, ("cache_batch_idx: not with a paged cache",)),
+        Case("kvcache: cache_leftpad of another batch", lambda x: KVC(x.q, x.k, x.v, cache_leftpad=ints(x, [0])),
+             ValueError, ("cache_leftpad must be (2,)",)),
+        Case("kvcache: num_splits negative", lambda x: KVC(x.q, x.k, x.v, num_splits=-1), ValueError,
+             ("num_splits must be an int >= 0",)),
+        Case("kvcache: on the CPU", lambda x: KVC(x.q.cpu(), x.k.cpu(), x.v.cpu()), ValueError,
+             ("q must be on a CUDA device, got cpu",), cuda_only=True),
+        Case("kvcache: k_cache on another device than q", lambda x: KVC(x.q, x.k.cpu(), x.v.cpu()), ValueError,
+             ("k_cache is on cpu",), cuda_only=True),
+    ]
+
+
+CASES = option_cases() + tensor_cases() + packed_cases() + varlen_cases() + kvcache_cases()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -355,7 +409,19 @@ def test_bad_input_is_refused_naming_the_argument(case, device):
 ROW_PREFIX = {"flash_attn_func": "func", "flash_attn_qkvpacked_func": "qkvpacked",
               "flash_attn_kvpacked_func": "kvpacked", "flash_attn_varlen_func": "varlen",
               "flash_attn_varlen_qkvpacked_func": "varlen_qkvpacked",
-              "flash_attn_varlen_kvpacked_func": "varlen_kvpacked"}
+              "flash_attn_varlen_kvpacked_func": "varlen_kvpacked", "flash_attn_with_kvcache": "kvcache"}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_refused_kvcache_call_leaves_the_cache_alone(device):
+    """The new keys are appended in place, so every check runs first: a call
+    refused for its ALiBi slopes (checked last before placement) writes nothing."""
+    x = Inputs.make(device)
+    k_cache, v_cache = x.k.clone(), x.v.clone()
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        KVC(x.q, k_cache, v_cache, k=x.k[:, :2], v=x.v[:, :2], cache_seqlens=1,
+            alibi_slopes=torch.ones(3, device=device))
+    assert torch.equal(k_cache, x.k) and torch.equal(v_cache, x.v)
 
 
 def test_the_table_covers_every_public_function():

@@ -17,7 +17,8 @@ second is unused. The backward with dropout needs the forward's rng_state.
 float32, computed here in PyTorch, in flash_attn's shapes: (batch, nheads,
 seqlen_q rounded up to 128), varlen (nheads, total_q + 128 * batch).
 
-Not built yet (issue 24, inference): ``fwd_kvcache``, paged KV
+``fwd_kvcache`` runs flashtile.flash_attn_with_kvcache (paged caches
+included). Not built yet (issue 24, inference): ``varlen_fwd``'s paged KV
 (``block_table``), ``leftpad_k`` and ``num_splits > 1``, each a clear error.
 """
 
@@ -240,6 +241,17 @@ def varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seq
                      (cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k, bool(zero_tensors)))
 
 
-def fwd_kvcache(*args, **kwargs):
-    """flash_attn_with_kvcache's kernel entry point."""
-    raise _not_built("the KV-cache forward (fwd_kvcache, flash_attn_with_kvcache)")
+def fwd_kvcache(q, kcache, vcache, k, v, seqlens_k, rotary_cos, rotary_sin, cache_batch_idx, leftpad_k,
+                block_table, alibi_slopes, out, softmax_scale, is_causal, window_size_left, window_size_right,
+                softcap, is_rotary_interleaved, num_splits):
+    """[out, softmax_lse] of flash_attn_with_kvcache; out given is written in place."""
+    from ..kvcache import flash_attn_with_kvcache
+
+    result, lse = flash_attn_with_kvcache(
+        q, kcache, vcache, k, v, rotary_cos, rotary_sin, seqlens_k, cache_batch_idx, leftpad_k, block_table,
+        softmax_scale, is_causal, (window_size_left, window_size_right), softcap, is_rotary_interleaved,
+        alibi_slopes, num_splits, return_softmax_lse=True)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return [result, lse]

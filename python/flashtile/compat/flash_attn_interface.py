@@ -22,6 +22,7 @@ from ..interface import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from ..kvcache import flash_attn_with_kvcache
 from . import flash_attn_2_cuda as flash_attn_gpu
 
 __all__ = [
@@ -46,9 +47,6 @@ def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     return _WHOLE_ROW
 
 
-def flash_attn_with_kvcache(*args, **kwargs):
-    """flash_attn's KV-cache entry point: not built yet (issue 24)."""
-    return flash_attn_gpu.fwd_kvcache(*args, **kwargs)
 
 
 def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left=-1, window_size_right=-1,

@@ -1,0 +1,159 @@
+"""CPU tests of flashtile.flash_attn_with_kvcache's own work: appending the
+new keys into a dense or paged cache in place, rotary embedding at the
+cache positions, cache_batch_idx and cache_leftpad, and the varlen batch it
+hands the kernels. A per-sequence reference attention (float32) stands in
+for the varlen kernels; the expected outputs are built independently, one
+sequence at a time, from a copy of the cache updated by hand.
+test_kvcache_gpu.py runs it on the kernels.
+"""
+
+import math
+
+import pytest
+import torch
+
+import flashtile.kvcache as kvcache
+from flashtile.rotary import apply_rotary_emb
+from reference import attention_ref
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_attn_probs=False,
+                     seqused_k=None):
+    outs, lses = [], []
+    for b in range(cu_seqlens_q.numel() - 1):
+        q0, q1, k0 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(cu_seqlens_k[b])
+        rows = int(cu_seqlens_k[b + 1]) - k0
+        used = min(int(seqused_k[b]), rows, max_seqlen_k)
+        slopes = None if alibi_slopes is None else (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes)
+        out, lse = attention_ref(q[None, q0:q1], k[None, k0:k0 + used], v[None, k0:k0 + used], causal=causal,
+                                 softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                                 alibi_slopes=slopes)
+        outs.append(out[0])
+        lses.append(lse[0])
+    out = torch.cat(outs)
+    return (out, torch.cat(lses, dim=1), None) if return_attn_probs else out
+
+
+@pytest.fixture(autouse=True)
+def reference_kernels(monkeypatch):
+    """The reference for the kernels, and none of their requirements (dtype,
+    built head dims, CUDA: test_bad_inputs.py has those rows)."""
+    monkeypatch.setattr(kvcache, "flash_attn_varlen_func", reference_varlen)
+    monkeypatch.setattr(kvcache, "_check_kernels_take", lambda *args: None)
+
+
+def expected(q, k_cache_after, seqlens_after, leftpad, **opts):
+    """Each sequence's queries against keys leftpad[b] .. seqlens_after[b] of
+    its (already updated) cache entry, (batch, seqlen_q, nheads, headdim)."""
+    outs = []
+    for b in range(q.shape[0]):
+        keys = k_cache_after[0][b, leftpad[b]:seqlens_after[b]]
+        values = k_cache_after[1][b, leftpad[b]:seqlens_after[b]]
+        outs.append(attention_ref(q[b:b + 1], keys[None], values[None], **opts)[0][0])
+    return torch.stack(outs)
+
+
+def rotary_tables(seqlen, rotary_dim):
+    angle = torch.rand(seqlen, rotary_dim // 2) * 2 * math.pi
+    return torch.cos(angle), torch.sin(angle)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["dense", "batch_idx", "leftpad", "paged16", "paged7"])
+@pytest.mark.parametrize("rotary", [None, "neox", "interleaved"])
+def test_append_rotary_and_attend(layout, rotary, causal):
+    batch, seqlen_q, seqlen_new, nheads, nheads_k, d, capacity = 3, 4, 3, 4, 2, 32, 56
+    q = torch.randn(batch, seqlen_q, nheads, d)
+    k_new, v_new = torch.randn(batch, seqlen_new, nheads_k, d), torch.randn(batch, seqlen_new, nheads_k, d)
+    seqlens = torch.tensor([0, 20, 50], dtype=torch.int32)
+    cos, sin = rotary_tables(capacity, 16) if rotary else (None, None)
+    interleaved = rotary == "interleaved"
+
+    # The caches as the sequences see them (batch, capacity, ...), and what the call gets.
+    k_seq, v_seq = torch.randn(batch, capacity, nheads_k, d), torch.randn(batch, capacity, nheads_k, d)
+    kwargs, leftpad = {}, [0] * batch
+    if layout == "dense" or layout == "leftpad":
+        k_cache, v_cache = k_seq.clone(), v_seq.clone()
+        if layout == "leftpad":
+            leftpad = [0, 5, 17]
+            kwargs["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32)
+    elif layout == "batch_idx":
+        idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+        k_cache, v_cache = torch.randn(5, capacity, nheads_k, d), torch.randn(5, capacity, nheads_k, d)
+        k_cache[idx.long()], v_cache[idx.long()] = k_seq, v_seq
+        kwargs["cache_batch_idx"] = idx
+    else:
+        page = int(layout[len("paged"):])
+        blocks = -(-capacity // page)
+        k_seq = torch.randn(batch, blocks * page, nheads_k, d)
+        v_seq = torch.randn(batch, blocks * page, nheads_k, d)
+        table = torch.randperm(batch * blocks + 4)[:batch * blocks].reshape(batch, blocks).to(torch.int32)
+        k_cache, v_cache = torch.randn(batch * blocks + 4, page, nheads_k, d), torch.randn(batch * blocks + 4, page,
+                                                                                          nheads_k, d)
+        k_cache[table.long()] = k_seq.reshape(batch, blocks, page, nheads_k, d)
+        v_cache[table.long()] = v_seq.reshape(batch, blocks, page, nheads_k, d)
+        kwargs["block_table"] = table
+
+    out, lse = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                               cache_seqlens=seqlens, causal=causal, rotary_interleaved=interleaved,
+                                               return_softmax_lse=True, **kwargs)
+
+    # By hand: rotate, append, attend.
+    k_rot, q_rot = k_new, q
+    if rotary:
+        k_rot = apply_rotary_emb(k_new, cos, sin, interleaved, seqlen_offsets=seqlens)
+        if causal:
+            q_rot = apply_rotary_emb(q, cos, sin, interleaved, seqlen_offsets=seqlens)
+        else:
+            q_rot = torch.stack([apply_rotary_emb(q[b:b + 1].reshape(1, 1, -1, d), cos, sin, interleaved,
+                                                  seqlen_offsets=int(seqlens[b])).reshape(seqlen_q, nheads, d)
+                                 for b in range(batch)])
+    for b in range(batch):
+        s = int(seqlens[b])
+        k_seq[b, s:s + seqlen_new], v_seq[b, s:s + seqlen_new] = k_rot[b], v_new[b]
+    after = [int(s) + seqlen_new for s in seqlens]
+    want = expected(q_rot, (k_seq, v_seq), after, leftpad, causal=causal)
+    torch.testing.assert_close(out, want)
+    assert lse.shape == (batch, nheads, seqlen_q) and lse.is_contiguous()
+
+    # The new keys landed in the caller's cache, in place, where the layout puts them.
+    if layout in ("dense", "leftpad"):
+        torch.testing.assert_close(k_cache, k_seq, rtol=0, atol=0)
+    elif layout == "batch_idx":
+        torch.testing.assert_close(k_cache[kwargs["cache_batch_idx"].long()], k_seq, rtol=0, atol=0)
+    else:
+        gathered = k_cache[kwargs["block_table"].long()].reshape(batch, -1, nheads_k, d)
+        torch.testing.assert_close(gathered, k_seq, rtol=0, atol=0)
+
+
+def test_without_new_keys_int_seqlens_window_softcap_alibi():
+    q = torch.randn(2, 1, 4, 32)
+    k_cache, v_cache = torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32)
+    slopes = torch.rand(2, 4)
+    out = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=33, causal=True, window_size=(7, 0),
+                                          softcap=5.0, alibi_slopes=slopes)
+    for b in range(2):
+        want, _ = attention_ref(q[b:b + 1], k_cache[b:b + 1, :33], v_cache[b:b + 1, :33], causal=True,
+                                window_size=(7, 0), softcap=5.0, alibi_slopes=slopes[b])
+        torch.testing.assert_close(out[b], want[0])
+    whole = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache)  # no cache_seqlens: the whole cache
+    torch.testing.assert_close(whole, attention_ref(q, k_cache, v_cache)[0])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(k=torch.randn(2, 1, 4, 32)), "k and v"),
+    (dict(cache_seqlens=torch.tensor([1, 2])), "int32"),
+    (dict(cache_seqlens=torch.tensor([1, 2, 3], dtype=torch.int32)), r"\(2,\)"),
+    (dict(cache_seqlens=-1), "non-negative"),
+    (dict(block_table=torch.zeros(2, 3, dtype=torch.int32), cache_leftpad=torch.zeros(2, dtype=torch.int32)),
+     "cache_leftpad"),
+    (dict(rotary_cos=torch.randn(40, 8)), "rotary_cos and rotary_sin"),
+    (dict(rotary_cos=torch.randn(40, 24), rotary_sin=torch.randn(40, 24)), "rotary_dim"),
+    (dict(num_splits=-1), "num_splits"),
+])
+def test_bad_arguments_are_named(bad, match):
+    q = torch.randn(2, 1, 4, 32)
+    k_cache, v_cache = torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32)
+    with pytest.raises((ValueError, TypeError), match=match):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, **bad)
