@@ -39,3 +39,23 @@ def sm80_kernels_only():
         yield
     finally:
         _C.limit_dispatch_arch("sm90")
+
+
+def sm90_built(direction):
+    """The (head_dim, dtype name) pairs with a plain sm90 (wgmma) kernel of
+    direction "fwd" or "bwd" in this build."""
+    return tuple(sorted({(int(hd), str(dn)) for d, arch, hd, dn, variant in _C.built_kernels()
+                         if d == direction and arch == "sm90" and variant == "plain"}))
+
+
+def require_sm90(direction):
+    """Skip unless this GPU runs sm90a code and the build has an sm90 kernel
+    of direction "fwd" or "bwd"."""
+    import pytest
+
+    what = {"fwd": "forward", "bwd": "backward"}[direction]
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the wgmma {what} runs on compute capability 9.0, this GPU is "
+                    f"{torch.cuda.get_device_capability()}")
+    if not sm90_built(direction):
+        pytest.skip(f"this build has no sm90 {what} kernel (FLASHTILE_CUDA_ARCHS without 90a)")

@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks
-from kernel_names import cuda_kernel_names
+from kernel_names import cuda_kernel_names, require_sm90, sm90_built
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
@@ -492,16 +492,11 @@ def test_backward_kernel_not_built_is_named():
 # the wgmma backward (include/flashtile/sm90/)
 # --------------------------------------------------------------------------
 
-SM90_BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn, variant in BUILT_KERNELS
-                               if direction == "bwd" and arch == "sm90" and variant == "plain"}))
+SM90_BWD_BUILT = sm90_built("bwd")
 
 
 def require_sm90_backward():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip(f"the wgmma backward runs on compute capability 9.0, this GPU is "
-                    f"{torch.cuda.get_device_capability()}")
-    if not SM90_BWD_BUILT:
-        pytest.skip("this build has no sm90 backward kernel (FLASHTILE_CUDA_ARCHS without 90a)")
+    require_sm90("bwd")
 
 
 def backward_kernel_names(q, k, v, causal, deterministic=False):

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks, _ops
-from kernel_names import cuda_kernel_names, fwd_tile_of, sm80_kernels_only
+from kernel_names import cuda_kernel_names, fwd_tile_of, require_sm90, sm80_kernels_only, sm90_built
 from reference import assert_close_fa_rule, attention_ref
 
 KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
@@ -373,16 +373,11 @@ def test_torch_compile_dynamic_shapes():
 # the wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp)
 # --------------------------------------------------------------------------
 
-SM90_FWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn, variant in _C.built_kernels()
-                               if direction == "fwd" and arch == "sm90" and variant == "plain"}))
+SM90_FWD_BUILT = sm90_built("fwd")
 
 
 def require_sm90_forward():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip(f"the wgmma forward runs on compute capability 9.0, this GPU is "
-                    f"{torch.cuda.get_device_capability()}")
-    if not SM90_FWD_BUILT:
-        pytest.skip("this build has no sm90 forward kernel (FLASHTILE_CUDA_ARCHS without 90a)")
+    require_sm90("fwd")
 
 
 def forward_kernel_names(q, k, v, **kwargs):
