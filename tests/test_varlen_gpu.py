@@ -5,6 +5,8 @@ seqlen_q above, equal to and below seqlen_k per sequence, causal, windows,
 softcap and ALiBi, GQA, seqused_k, every kernel head dim, fp16 and bf16, the
 deterministic backward, and strided (non-contiguous) packed tensors."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -264,11 +266,19 @@ def test_varlen_under_torch_compile_fullgraph():
         assert torch.equal(got, want), f"{name} differs under torch.compile"
 
 
+def dispatch(path):
+    """The kernels a test runs: every path the dispatch may take ("any") or
+    the sm80 ones alone."""
+    return sm80_kernels_only() if path == "sm80" else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("path", ["any", "sm80"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_varlen_keys_past_seqused_k_never_reach_the_output(causal):
+def test_varlen_keys_past_seqused_k_never_reach_the_output(causal, path):
     """A KV cache's slots past seqused_k may hold anything, NaN and Inf
     included: their probabilities are 0, and no kernel may let 0 · NaN into
-    out or lse (each path zero-fills those rows or never runs there)."""
+    out or lse (the sm80 kernels zero-fill those rows, the sm90 forward
+    clears them in shared memory)."""
     require_built(128, "bf16")
     lens_q, lens_k, used = [70, 1, 129], [300, 150, 260], [37, 150, 200]
     q = packed(lens_q, 4, 128, torch.bfloat16, 0, 0)
@@ -279,12 +289,39 @@ def test_varlen_keys_past_seqused_k_never_reach_the_output(causal):
             k[start + n_used:cu_k[b + 1]] = float("nan")
             v[start + n_used:cu_k[b + 1]] = float("inf") if b % 2 else float("nan")
     used_t = torch.tensor(used, dtype=torch.int32, device="cuda")
-    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                                   return_attn_probs=True, seqused_k=used_t)
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    with dispatch(path):
+        out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                       causal=causal, return_attn_probs=True, seqused_k=used_t)
+    # Causal rows before a sequence's first used key see none: out 0, lse -inf.
+    assert torch.isfinite(out).all() and not (torch.isnan(lse) | (lse == float("inf"))).any()
     for b in range(len(lens_q)):
         q0, q1, k0 = cu_q[b].item(), cu_q[b + 1].item(), cu_k[b].item()
         ref, _ = attention_ref(q[None, q0:q1], k[None, k0:k0 + used[b]], v[None, k0:k0 + used[b]], causal=causal)
         pt, _ = attention_ref(q[None, q0:q1], k[None, k0:k0 + used[b]], v[None, k0:k0 + used[b]], causal=causal,
                               upcast=False)
+        assert_close_fa_rule(out[None, q0:q1], ref, pt, f"out of sequence {b}")
+
+
+@pytest.mark.parametrize("path", ["any", "sm80"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_varlen_nan_stays_in_its_sequence(head_dim, path):
+    """As flash_attn: an Inf or NaN in one sequence's keys or values makes
+    that sequence's output NaN and leaves its neighbours' alone, though a
+    key block straddling two sequences is loaded whole. Sequence 1 is all
+    NaN in K and Inf in V; sequences 0 and 2 end mid-block."""
+    require_built(head_dim, "bf16")
+    lens_q, lens_k = [70, 33, 129], [300, 150, 197]
+    q = packed(lens_q, 4, head_dim, torch.bfloat16)
+    k, v = (packed(lens_k, 2, head_dim, torch.bfloat16) for _ in range(2))
+    cu_q, cu_k = offsets(lens_q), offsets(lens_k)
+    with torch.no_grad():
+        k[cu_k[1]:cu_k[2]] = float("nan")
+        v[cu_k[1]:cu_k[2]] = float("inf")
+    with dispatch(path):
+        out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+    assert torch.isnan(out[cu_q[1]:cu_q[2]]).all(), "sequence 1 attends its own NaN keys"
+    for b in (0, 2):
+        q0, q1, k0, k1 = cu_q[b].item(), cu_q[b + 1].item(), cu_k[b].item(), cu_k[b + 1].item()
+        ref, _ = attention_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1])
+        pt, _ = attention_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], upcast=False)
         assert_close_fa_rule(out[None, q0:q1], ref, pt, f"out of sequence {b}")

@@ -194,6 +194,28 @@ struct FwdMainloop {
     load_v(n_block);
   }
 
+  // A varlen batch's last key block of a sequence is loaded whole: its rows
+  // past the sequence's keys (past seqused_k where given) hold the next
+  // sequence's keys or unwritten cache slots. Their probabilities are 0,
+  // but 0 · Inf and 0 · NaN are NaN, so before the first product with that
+  // block's V the consumers zero those rows of its stage, each thread a
+  // share, then make the writes visible to wgmma (the async proxy) and wait
+  // for each other. Only the first block visited can hold the sequence's
+  // end; a fixed-length batch's rows past it are TMA's zero fill.
+  template <MaskKind kMask, class TensorVt>
+  CUTE_DEVICE static void clear_keys_past_sequence(TensorVt sVt_stage, typename Traits::PipelineKV& pipeline_v,
+                                                   typename Traits::PipelineKV::PipelineState const& read_v,
+                                                   FwdTile<kMask, kBlockM, kBlockN> const& tile, int mma_tid) {
+    const int n_keys = tile.seq.seqlen_k - (tile.n_block_end - 1) * kBlockN;  // keys of the block
+    if (n_keys >= kBlockN) return;
+    pipeline_v.consumer_wait(read_v);
+    for (int i = mma_tid; i < kHeadDim * (kBlockN - n_keys); i += Traits::kMmaThreads) {
+      sVt_stage(i % kHeadDim, n_keys + i / kHeadDim) = Element(0);  // (head dim, key): head dim contiguous
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, Traits::kBarrierConsumers);
+  }
+
   // The consumers (kMmaThreads, thread index mma_tid): O and the row
   // logsumexps of the tile into acc_o and the returned fragment.
   template <MaskKind kMask, class SharedStorage, class AccO>
@@ -254,6 +276,7 @@ struct FwdMainloop {
       set_probabilities(acc_s);
     }
     typename Traits::PipelineKV::PipelineState read_v = read;  // V of the block P belongs to
+    if (tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
     ++read;
     --n_block;
 

@@ -1,6 +1,6 @@
 // Which forwards the SM90 kernels take: plain attention (softcap, ALiBi,
-// dropout and the testing-only probabilities run the SM80 kernels) without
-// seqused_k, on tensors that TMA can describe. A TMA descriptor needs every
+// dropout and the testing-only probabilities run the SM80 kernels) on
+// tensors that TMA can describe. A TMA descriptor needs every
 // stride it steps to be a positive multiple of 16 bytes below 2^40 bytes; a mode of
 // extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
@@ -20,12 +20,6 @@ inline bool tma_stride_ok(int64_t stride_elements, int64_t extent) {
 
 inline bool fwd_supports(const FwdParams& p) {
   if (uses_score_mod(p)) return false;
-  // TMA loads a varlen batch's last key block whole, rows past the
-  // sequence's used keys included; their probabilities are 0, but a NaN or
-  // Inf there (an unwritten KV-cache slot past seqused_k) would still reach
-  // O through 0 · NaN. The SM80 kernels zero-fill those rows: seqused_k
-  // runs there until the SM90 path clears them too.
-  if (p.seqused_k != nullptr) return false;
   const bool varlen = is_varlen(p);
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch = varlen ? 1 : p.batch;

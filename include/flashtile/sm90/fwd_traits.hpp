@@ -45,6 +45,10 @@ struct FwdTraits {
   static constexpr int kMmaWarpgroups = kBlockM / 64;  // wgmma's M is 64 rows per warpgroup
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
+  // Named barriers (after CUTLASS's reserved ones): the consumer
+  // warpgroups' turns take 0 and 1 (sm90/warpgroup_turns.hpp), a sync of
+  // every consumer thread this one.
+  static constexpr uint32_t kBarrierConsumers = 2;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
 
   // Registers per thread after setmaxnreg: the producer needs few, the
