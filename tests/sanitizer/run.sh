@@ -14,7 +14,7 @@ mkdir -p "$out"
 bin=${SANITIZER_BIN:-}
 if [ -z "$bin" ]; then
   cmake -S . -B "$build" -G Ninja -DFLASHTILE_BUILD_SANITIZER=ON \
-    -DFLASHTILE_CUDA_ARCHS="${FLASHTILE_CUDA_ARCHS:-90a}" -DFLASHTILE_INSTALL=OFF >"$out/build.log" 2>&1 &&
+    -DFLASHTILE_CUDA_ARCHS="${FLASHTILE_CUDA_ARCHS:-90a}" -DFLASHTILE_INSTALL=OFF -DFLASHTILE_LINEINFO=ON >"$out/build.log" 2>&1 &&
     cmake --build "$build" --target flashtile_sanitize_kernels >>"$out/build.log" 2>&1 ||
     { tail -30 "$out/build.log"; exit 1; }
   bin=$build/tests/sanitizer/flashtile_sanitize_kernels
