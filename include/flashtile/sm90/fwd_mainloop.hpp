@@ -269,6 +269,7 @@ struct FwdMainloop {
       gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
       turns.pass();
       warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);  // its reads stay after the wait
       pipeline_k.consumer_release(read);
       mask_if(acc_s, n_block, cute::true_type{});
       Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
@@ -292,11 +293,14 @@ struct FwdMainloop {
       gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
       turns.pass();
       warpgroup_wait<1>();  // S (committed first) done; P·V may still run
+      warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(read);
       mask_if(acc_s, n_block, masked);
       Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
       const auto factors = softmax.to_probabilities(scores);
       warpgroup_wait<0>();  // P·V done: O and P's registers are free
+      warpgroup_fence_operand(acc_o);
+      warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       softmax.rescale(acc_o_rowcol, factors);
       set_probabilities(acc_s);
@@ -335,6 +339,7 @@ struct FwdMainloop {
     gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
     turns.pass_last();
     warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
     pipeline_v.consumer_release(read_v);
     return softmax.finalize(acc_o_rowcol, softmax_scale);
   }
