@@ -48,24 +48,35 @@ CUTE_HOST_DEVICE constexpr auto acc_to_operand_a_layout(Layout acc) {
                      get<1>(split), get<2, 1>(split));
 }
 
-// Converts a register fragment element-wise (pairs, so bf16/fp16 use the
-// packed cvt instructions) into a new fragment of the same layout.
-template <class To, class Tensor_>
-CUTE_DEVICE auto convert_fragment(Tensor_ const& src) {
-  using From = typename std::decay_t<Tensor_>::value_type;
+// Converts the register fragment src into dst, storage element j to storage
+// element j, two at a time: each pair is one packed cvt whose 32-bit result
+// lands whole in one register of dst. (A loop over logical 16-bit elements
+// made ptxas split each packed result and merge the halves again: on the
+// SM90 forward's P, ~150 shift/mask instructions per thread per key block,
+// a fifth of the kernel's stall samples; benchmarks/NOTES.md.) Both
+// fragments are compact; with the same layout (or, as the SM90 forward's
+// P, a layout that regroups the same storage) the logical correspondence
+// follows.
+template <class TensorSrc, class TensorDst>
+CUTE_DEVICE void convert_fragment_into(TensorSrc const& src, TensorDst&& dst) {
+  using From = typename std::decay_t<TensorSrc>::value_type;
+  using To = typename std::decay_t<TensorDst>::value_type;
   constexpr int kSize = decltype(size(src))::value;
-  static_assert(kSize % 2 == 0);
-  auto dst = make_tensor<To>(src.layout());
+  static_assert(kSize % 2 == 0 && decltype(size(dst))::value == kSize);
+  static_assert(decltype(cosize(src.layout()))::value == kSize && decltype(cosize(dst.layout()))::value == kSize,
+                "compact fragments");
+  const auto* in = reinterpret_cast<const cutlass::Array<From, 2>*>(raw_pointer_cast(src.data()));
+  auto* out = reinterpret_cast<cutlass::Array<To, 2>*>(raw_pointer_cast(dst.data()));
   cutlass::NumericArrayConverter<To, From, 2> convert_pair;
   CUTE_UNROLL
-  for (int i = 0; i < kSize; i += 2) {
-    cutlass::Array<From, 2> in;
-    in[0] = src(i);
-    in[1] = src(i + 1);
-    cutlass::Array<To, 2> out = convert_pair(in);
-    dst(i) = out[0];
-    dst(i + 1) = out[1];
-  }
+  for (int i = 0; i < kSize / 2; ++i) out[i] = convert_pair(in[i]);
+}
+
+// A new fragment of src's layout holding src converted to To.
+template <class To, class Tensor_>
+CUTE_DEVICE auto convert_fragment(Tensor_ const& src) {
+  auto dst = make_tensor<To>(src.layout());
+  convert_fragment_into(src, dst);
   return dst;
 }
 

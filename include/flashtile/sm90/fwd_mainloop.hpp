@@ -250,9 +250,7 @@ struct FwdMainloop {
     // P of the block before, as the A operand of O += P·V: ((2, 2, 2), MMA_M, MMA_N)
     Tensor tOrP = make_tensor<Element>(acc_to_rs_operand_a_layout(
         partition_fragment_C(tiled_mma_qk, ShapeS{}).layout()));
-    auto set_probabilities = [&](auto const& acc_s) {
-      copy(convert_fragment<Element>(acc_s), make_tensor(tOrP.data(), acc_s.layout()));
-    };
+    auto set_probabilities = [&](auto const& acc_s) { convert_fragment_into(acc_s, tOrP); };
     auto mask_if = [&](auto& acc_s, int n_block, auto masked) {
       if constexpr (decltype(masked)::value) {
         if (tile.mask.needs_mask(tile.m_block, n_block)) tile.mask.apply(acc_s, tScS, tile.m_block, n_block);
