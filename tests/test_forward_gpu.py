@@ -411,9 +411,10 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
 
 def test_sm90_forward_several_tiles_per_cta():
     """Without a mask the wgmma forward's grid is persistent, one CTA per SM:
-    384 tiles (the last query block of each head partial) on the H200's 132
-    SMs, so each CTA runs two or three, reusing Q's buffer and carrying its
-    K/V pipeline from one tile to the next."""
+    384 tiles of 128 rows (288 of 192 at d64; the last query block of each
+    head partial) on the H200's 132 SMs, so each CTA runs two or three,
+    reusing Q's buffer and carrying its K/V pipeline from one tile to the
+    next."""
     require_sm90_forward()
     for head_dim, name in SM90_FWD_BUILT:
         q, k, v = rand_qkv(3, 1000, 777, 16, 4, head_dim, DTYPES[name])

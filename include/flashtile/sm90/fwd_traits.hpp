@@ -29,7 +29,13 @@ using namespace cute;
 // K/V stages (224 KB) no faster than two.
 template <int kHeadDim>
 struct FwdConfig {
-  static constexpr int kBlockM = 128;
+  // At d64 three consumer warpgroups (192 rows) share each K/V block: the
+  // softmax is a larger share of a small head dim's work, and a third
+  // warpgroup's exponentials hide behind two others' products. On the
+  // H200 (benchmarks/NOTES.md): +9 % at 1k, +21–23 % from 4k without a mask,
+  // +4 % causal from 4k, -7 % causal at 1k. (d32 keeps 128 rows: not
+  // measured with 192.)
+  static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 96 : 64;
   static constexpr int kStages = 2;
 };
@@ -46,15 +52,15 @@ struct FwdTraits {
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
   // Named barriers (after CUTLASS's reserved ones): the consumer
-  // warpgroups' turns take 0 and 1 (sm90/warpgroup_turns.hpp), a sync of
-  // every consumer thread this one.
-  static constexpr uint32_t kBarrierConsumers = 2;
+  // warpgroups' turns take one each (sm90/warpgroup_turns.hpp), a sync of
+  // every consumer thread the next.
+  static constexpr uint32_t kBarrierConsumers = kMmaWarpgroups;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
 
   // Registers per thread after setmaxnreg: the producer needs few, the
-  // consumers hold S, P and O. 24 + 2 · 240 warpgroups' worth fits the
-  // 64K-register file at one CTA per SM (FlashAttention-3's split).
-  static constexpr int kProducerRegisters = 24;
+  // consumers hold S, P and O. 128 · (24 + 2 · 240) and 128 · (32 + 3 · 160)
+  // fit the 64K-register file at one CTA per SM (FlashAttention-3's splits).
+  static constexpr int kProducerRegisters = kMmaWarpgroups == 3 ? 32 : 24;
   static constexpr int kMmaRegisters = kMmaWarpgroups == 2 ? 240 : 160;
 
   using MmaWarpgroups = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
