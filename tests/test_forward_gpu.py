@@ -144,12 +144,12 @@ def test_repeated_runs_are_identical():
 # --------------------------------------------------------------------------
 
 
-def call_C_fwd(q, k, v, out, lse, causal, softmax_scale=None):
+def call_C_fwd(q, k, v, out, lse, causal, softmax_scale=None, **options):
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream)
+        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, **options)
 
 
 def assert_all_written(out, lse, ref_lse):
@@ -177,6 +177,29 @@ def test_poisoned_outputs_are_fully_written(seqlen_q, seqlen_k, causal):
     ref_out, ref_lse = attention_ref(q, k, v, causal=causal)
     assert_all_written(out, lse, ref_lse)
     check_against_reference(q, k, v, out, lse, causal)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (100, 0), (64, 64)], ids=["causal", "causal-window", "window"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1000, 1000), (333, 4000), (4000, 129)])
+def test_tiles_from_a_counter_match_one_tile_per_cta(seqlen_q, seqlen_k, window):
+    """With a tile counter the forward hands uneven tiles (causal, windows)
+    out dynamically on a persistent grid (the sm90 kernels; the others ignore
+    it); each tile's arithmetic is the same, so out and lse are bitwise those
+    of one CTA per tile. The counter is reused dirty: the launch resets it."""
+    head_dim, dtype = default_config()
+    q, k, v = rand_qkv(3, seqlen_q, seqlen_k, 8, 2, head_dim, dtype)
+    results = []
+    counter = torch.full((1,), 12345, dtype=torch.int32, device="cuda")
+    for tile_counter in (None, counter, counter):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((3, 8, seqlen_q), float("nan"), device="cuda", dtype=torch.float32)
+        call_C_fwd(q, k, v, out, lse, causal=False, window_left=window[0], window_right=window[1],
+                   tile_counter=tile_counter)
+        results.append((out, lse))
+    ref_out, ref_lse = attention_ref(q, k, v, window_size=window)
+    assert_all_written(*results[0], ref_lse)
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
 
 
 def test_strided_out_written_exactly_in_place():

@@ -100,6 +100,12 @@ struct FwdParams {
   void* attn_probs = nullptr;
   int attn_probs_rows = 0;
   int attn_probs_cols = 0;
+  // Optional: one int32 on the device, overwritten by the launch. With it
+  // the SM90 forward runs a persistent grid whose CTAs take their next tile
+  // from this counter where tiles differ in work (causal, windows, varlen);
+  // without it each such tile is a CTA of its own. Each concurrent launch
+  // needs its own.
+  int* tile_counter = nullptr;
 };
 
 // Backward attention: given dout = ∂L/∂out, computes dq, dk, dv. Layouts as

@@ -207,7 +207,8 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
          int window_right, float softcap, const std::optional<CudaArray>& alibi_slopes,
          const std::optional<CudaArray>& cu_seqlens_q, const std::optional<CudaArray>& cu_seqlens_k,
          const std::optional<CudaArray>& seqused_k, int max_seqlen_q, int max_seqlen_k, float dropout_p,
-         const std::optional<CudaArray>& dropout_seed, const std::optional<CudaArray>& attn_probs) {
+         const std::optional<CudaArray>& dropout_seed, const std::optional<CudaArray>& attn_probs,
+         const std::optional<CudaArray>& tile_counter) {
   const VarlenArgs varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
   const flashtile::DType dtype = element_dtype(q, "q");
   require(element_dtype(k, "k") == dtype && element_dtype(v, "v") == dtype &&
@@ -252,6 +253,13 @@ void fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, const CudaA
   set_score_mod(p, softcap, alibi_slopes, device);
   set_dropout(p, dropout_p, dropout_seed, device);
   set_attn_probs(p, attn_probs, device);
+  if (tile_counter) {
+    const CudaArray& c = *tile_counter;
+    require(is_dtype(c, nb::dlpack::dtype_code::Int, 32) && c.ndim() == 1 && c.shape(0) == 1,
+            "tile_counter must be an int32 array of shape (1,)");
+    require(c.device_id() == device, "tile_counter must be on q's CUDA device");
+    p.tile_counter = static_cast<int*>(c.data());
+  }
 
   raise_for_status(flashtile::fwd(p, reinterpret_cast<cudaStream_t>(stream)), "fwd", p.head_dim,
                    dtype, flashtile::variant_for(p));
@@ -364,7 +372,7 @@ NB_MODULE(_C, m) {
         nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
         nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         nb::arg("dropout_p") = 0.f, nb::arg("dropout_seed").none() = nb::none(),
-        nb::arg("attn_probs").none() = nb::none(),
+        nb::arg("attn_probs").none() = nb::none(), nb::arg("tile_counter").none() = nb::none(),
         "Attention forward into caller-allocated out (batch, seqlen_q, nheads, head_dim) and "
         "lse (batch, nheads, seqlen_q) fp32, on the given cudaStream_t of the current device. "
         "window_left/right: a sliding window (FwdParams), -1 for unbounded. softcap > 0, "
@@ -374,7 +382,8 @@ NB_MODULE(_C, m) {
         "head_dim), lse (nheads, total_q), max_seqlen_q/k the longest sequences, seqused_k (int32, "
         "batch) the keys each sequence uses. attn_probs (testing only; q's dtype, contiguous "
         "(batch, nheads, rows >= seqlen_q, cols >= seqlen_k)) also receives the probabilities, "
-        "dropped ones negated.");
+        "dropped ones negated. tile_counter (int32 (1,), overwritten): lets the sm90 forward "
+        "hand out uneven tiles (causal, windows, varlen) on a persistent grid.");
   m.def("bwd", &bwd, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("workspace"),
         nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"), nb::arg("stream"),

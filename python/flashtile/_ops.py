@@ -182,11 +182,15 @@ def run_fwd(q, k, v, out, lse, attn_probs, softmax_scale, causal, window_left=-1
         return
     _check_device_capability(q.device)
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
+    # Tiles of uneven work (causal, windows, varlen) are handed out from a
+    # device counter on a persistent grid by the sm90 forward.
+    uneven = causal or window_left >= 0 or window_right >= 0 or cu_seqlens_q is not None
+    tile_counter = torch.empty(1, dtype=torch.int32, device=q.device) if uneven else None
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
                int(window_right), float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed, attn_probs)
+               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed, attn_probs, tile_counter)
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,

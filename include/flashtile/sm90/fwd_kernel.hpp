@@ -87,17 +87,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  // Tiles with key blocks to visit count the uses of Q's barriers (their
-  // phase); the others only write zeros.
+  // Every tile the CTA takes, and the end, is one use of Q's barriers: the
+  // producer thread (the scheduler's only caller) writes the tile's index
+  // next to Q's buffer once the consumers are done with the last tile's Q,
+  // then completes barrier_q_full with Q's load, or with an arrival alone
+  // for a tile with no keys to visit and for the end (an index past
+  // num_tiles).
+  auto& barrier_q_full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q_full);
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (threadIdx.x == 0) {
       auto write = cutlass::make_producer_start_state<PipelineKV>();
-      int q_uses = 0;
-      for (int index = blockIdx.x; index < params.scheduler.num_tiles; index += gridDim.x) {
+      for (int index = blockIdx.x, q_use = 0;; ++q_use) {
+        if (q_use > 0) cutlass::arch::ClusterBarrier::wait(&storage.barrier_q_empty, (q_use - 1) & 1);
+        storage.tile_index = index;
+        if (index >= params.scheduler.num_tiles) {
+          barrier_q_full.arrive();
+          break;
+        }
         const Tile tile = tile_at(index);
-        if (tile.empty()) continue;
-        Mainloop::template load<kMask>(params.mainloop, storage, pipeline_k, pipeline_v, write, tile, q_uses++);
+        if (tile.empty()) {
+          barrier_q_full.arrive();
+        } else {
+          Mainloop::template load<kMask>(params.mainloop, storage, pipeline_k, pipeline_v, write, tile);
+        }
+        // Asked once this tile's last loads are issued, two key blocks before
+        // its end: the next Q waits for that end anyway.
+        index = params.scheduler.template next<kMask == MaskKind::kNone && !kVarlen>(index);
       }
     }
   } else {
@@ -105,16 +121,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int mma_tid = int(threadIdx.x) - 128;
     typename PipelineKV::PipelineState read;
     typename Traits::TiledMmaPV tiled_mma_pv;
-    int q_uses = 0;
-    for (int index = blockIdx.x; index < params.scheduler.num_tiles; index += gridDim.x) {
+    for (int q_use = 0;; ++q_use) {
+      barrier_q_full.wait(q_use & 1);
+      const int index = storage.tile_index;
+      if (index >= params.scheduler.num_tiles) break;
       const Tile tile = tile_at(index);
       if (tile.empty()) {
+        cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);  // index read
         if (rows_exist(tile)) Epilogue::store_zero(p, tile, mma_tid);
         continue;
       }
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, p.softmax_scale, acc_o,
-                                               mma_tid, q_uses++);
+                                               mma_tid);
       Epilogue::store(p, tile, acc_o, lse, mma_tid);
     }
   }

@@ -23,11 +23,14 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
   }
-  const auto scheduler = TileScheduler::make<Traits::kBlockM>(params);
+  const bool uniform_tiles = kMask == MaskKind::kNone && !is_varlen(params);  // (tile_scheduler.hpp)
+  const auto scheduler = TileScheduler::make<Traits::kBlockM>(params, uniform_tiles);
   if (scheduler.num_tiles == 0) return Status::kSuccess;
-  const bool persistent = kMask == MaskKind::kNone && !is_varlen(params);  // uniform tiles (tile_scheduler.hpp)
+  if (scheduler.counter != nullptr && cudaMemsetAsync(scheduler.counter, 0, sizeof(int), stream) != cudaSuccess) {
+    return Status::kCudaError;
+  }
   const FwdKernelParams<Traits> kernel_params{params, FwdMainloop<Traits>::to_params(params), scheduler};
-  kernel<<<scheduler.grid(persistent, multiprocessor_count()), Traits::kNThreads, kSmemBytes, stream>>>(
+  kernel<<<scheduler.grid(uniform_tiles, multiprocessor_count()), Traits::kNThreads, kSmemBytes, stream>>>(
       kernel_params);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }

@@ -139,7 +139,7 @@ struct FwdMainloop {
   CUTE_DEVICE static void load(Params const& params, SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                                typename Traits::PipelineKV& pipeline_v,
                                typename Traits::PipelineKV::PipelineState& write,
-                               FwdTile<kMask, kBlockM, kBlockN> const& tile, int q_use) {
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile) {
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
@@ -161,9 +161,8 @@ struct FwdMainloop {
     Tensor tVgV = tma_v.partition_S(gVt);  // (TMA, TMA_D, TMA_N, n)
     Tensor tVsV = tma_v.partition_D(sVt);  // (TMA, TMA_D, TMA_N, kStages)
 
-    // Q's buffer is free once the consumers' last Q·Kᵀ of the CTA's tile
-    // before is done.
-    if (q_use > 0) cutlass::arch::ClusterBarrier::wait(&storage.barrier_q_empty, (q_use - 1) & 1);
+    // Q's buffer is free (the kernel waited for the consumers' last Q·Kᵀ
+    // of the tile before).
     auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q_full);
     barrier_q.arrive_and_expect_tx(Traits::kBytesQ);
     copy(params.tma_q.with(storage.barrier_q_full), tQgQ, tQsQ);
@@ -222,7 +221,7 @@ struct FwdMainloop {
   CUTE_DEVICE static auto mma(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
                               FwdTile<kMask, kBlockM, kBlockN> const& tile, float softmax_scale, AccO& acc_o,
-                              int mma_tid, int q_use) {
+                              int mma_tid) {
     using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
@@ -242,8 +241,7 @@ struct FwdMainloop {
     clear(acc_o);
     Tensor acc_o_rowcol = rowcol_view(acc_o);  // (rows, head-dim cols)
 
-    auto& barrier_q = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&storage.barrier_q_full);
-    barrier_q.wait(q_use & 1);
+    // Q is in (the kernel waited for it).
     // The consumer warpgroups take turns at issuing their products (ping-pong).
     const ProductTurns<Traits::kMmaWarpgroups> turns(mma_tid / 128);
 

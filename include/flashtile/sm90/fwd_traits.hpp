@@ -105,8 +105,13 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutVt>> v;
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
+    // Q's buffer and the tile it holds: the producer writes the index, then
+    // completes barrier_q_full (with Q's bytes, or without a load for a tile
+    // with nothing to load and for the end, an index past num_tiles); the
+    // consumers read both, then arrive on barrier_q_empty once done with Q.
     uint64_t barrier_q_full;   // a transaction barrier: Q's TMA load
     uint64_t barrier_q_empty;  // the consumers are done reading Q
+    int tile_index;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
