@@ -76,6 +76,7 @@ import functools
 import gc
 import itertools
 import math
+import os
 import random
 import re
 import shlex
@@ -844,9 +845,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "batch 1, seqlen 16k and 32k, hdim 128 and 64; default: on for the full sweep, "
                              "off for a narrowed or --quick run")
     parser.add_argument("--out", type=Path, metavar="CSV",
-                        help="results file; default for the full sweep: benchmarks/results/<gpu>[-fp16].csv; "
-                             "a narrowed or --quick run writes no file unless given one. The memory table goes "
-                             "to CSV's name + -memory.csv")
+                        help="results file; default for the full sweep: <gpu>[-fp16].csv in $FLASHTILE_RESULTS_DIR "
+                             "or else ~/flashtile-results (outside the checkout, which a run never dirties; "
+                             "benchmarks/results/ holds the project's runs, written with --out); a narrowed or "
+                             "--quick run writes no file unless given one. The memory table goes to CSV's "
+                             "name + -memory.csv")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="default: the CSV's path with .png")
     parser.add_argument("--commit", help="commit for the CSV header when the tree has no git "
                                          "(default: git rev-parse HEAD, else 'unknown')")
@@ -888,7 +891,8 @@ def points(cases: list[Case]) -> list[list[Case]]:
 def output_paths(args, gpu_slug: str) -> tuple[Path | None, Path | None]:
     csv_path = args.out
     if csv_path is None and not args.narrowed:
-        csv_path = REPO / "benchmarks" / "results" / f"{gpu_slug}{'' if args.dtype == 'bf16' else '-' + args.dtype}.csv"
+        run_dir = Path(os.environ.get("FLASHTILE_RESULTS_DIR") or Path.home() / "flashtile-results")
+        csv_path = run_dir / f"{gpu_slug}{'' if args.dtype == 'bf16' else '-' + args.dtype}.csv"
     png_path = args.plot or (csv_path.with_suffix(".png") if csv_path else None)
     return csv_path, png_path
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The benchmark results file (benchmarks/results/<gpu>.csv) and its plot.
+"""The benchmark results file (<gpu>.csv) and its plot.
 
     python benchmarks/plot_results.py RESULTS.csv [OUT.png]
 
