@@ -3,7 +3,8 @@
 // Header-only use: include this header, then instantiate the launchers you
 // need in your own .cu file, e.g.
 //   flashtile::sm80::run_fwd<128, cutlass::bfloat16_t>(params, stream);
-// Runtime dispatch over the kernels a build registered: flashtile::fwd().
+// Runtime dispatch over the kernels a build registered: flashtile::fwd(),
+// flashtile::bwd(), flashtile::kvcache() (kvcache.hpp).
 // Every entry point returns a Status; none throws, aborts or prints.
 #pragma once
 
@@ -14,6 +15,9 @@
 #include <initializer_list>
 #include <limits>
 
+#include "flashtile/head_dims.hpp"
+#include "flashtile/kvcache.hpp"
+#include "flashtile/layout_checks.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
 #include "flashtile/sm90/device.hpp"
@@ -22,55 +26,6 @@
 #include "flashtile/workspace.hpp"
 
 namespace flashtile {
-
-// Each has kernels of its own; the backward for 256 needs sm90's shared
-// memory (kUnsupportedDevice on sm80), and the forward for 256 sm80's or
-// sm90's (not sm86, sm89, sm120).
-inline constexpr int kSupportedHeadDims[] = {32, 64, 96, 128, 192, 256};
-
-inline bool is_supported_head_dim(int head_dim) {
-  for (int d : kSupportedHeadDims) {
-    if (d == head_dim) return true;
-  }
-  return false;
-}
-
-// A 16-byte-aligned pointer whose strides (in 2-byte elements) keep every
-// row 16-byte aligned: what cp.async and the vector stores need.
-inline bool vector_aligned(const void* ptr, std::initializer_list<int64_t> strides) {
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
-  for (int64_t s : strides) {
-    if (s % 8 != 0) return false;  // 16 bytes of 2-byte elements
-  }
-  return true;
-}
-
-// Strides are element counts and never negative.
-inline bool strides_non_negative(std::initializer_list<int64_t> strides) {
-  for (int64_t s : strides) {
-    if (s < 0) return false;
-  }
-  return true;
-}
-
-// An output (batch, rows, heads, head_dim) with a contiguous last dim whose
-// elements are all distinct: sorted by stride, each dim of more than one
-// element steps past everything the smaller ones span. Two CTAs writing the
-// same address would race. (Sufficient, not exact: a few interleaved layouts
-// that do not overlap are refused too.)
-inline bool non_overlapping(int64_t batch, int64_t rows, int64_t heads, int64_t head_dim,
-                            int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-  struct Dim { int64_t size, stride; };
-  Dim dims[3] = {{batch, batch_stride}, {rows, row_stride}, {heads, head_stride}};
-  std::sort(dims, dims + 3, [](Dim a, Dim b) { return a.stride < b.stride; });
-  int64_t span = head_dim;  // elements covered by the dims sorted so far
-  for (const Dim& d : dims) {
-    if (d.size <= 1) continue;
-    if (d.stride < span || d.stride > std::numeric_limits<int64_t>::max() / d.size) return false;
-    span = d.stride * d.size;
-  }
-  return true;
-}
 
 // Rows of q and of k each: the mask arithmetic (common/mask.hpp) adds a few
 // seqlens and windows capped at seqlen_q + seqlen_k in int.

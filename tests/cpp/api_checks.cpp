@@ -1,6 +1,7 @@
 // Host-side checks of the public C++ API's error paths, run by ctest without a
 // GPU: can_implement_fwd/bwd refuse each bad argument with the right Status,
 // dispatch reports kNotBuilt when nothing is registered (nothing launches),
+// the KV-cache API's checks, split choice and workspace size,
 // and the backward's workspace layout keeps its pieces aligned.
 #include <flashtile/flashtile.hpp>
 
@@ -55,6 +56,25 @@ flashtile::BwdParams valid_bwd() {
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = 64;
   p.dout_head_stride = p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = 64;
   p.softmax_scale = f.softmax_scale;
+  return p;
+}
+
+// Decoding: 3 sequences of one query, 8 query heads on 2 KV heads, d128,
+// a paged cache of 16-token pages, up to 64 pages a sequence.
+flashtile::KvCacheParams valid_kvcache() {
+  flashtile::KvCacheParams p;
+  p.q = fake_pointer(0x10000), p.k_cache = fake_pointer(0x20000), p.v_cache = fake_pointer(0x30000);
+  p.out = fake_pointer(0x40000);
+  p.lse = static_cast<float*>(fake_pointer(0x50000));
+  p.batch = 3, p.seqlen_q = 1, p.nheads = 8, p.nheads_k = 2, p.head_dim = 128;
+  p.q_head_stride = p.out_head_stride = 128, p.q_row_stride = p.out_row_stride = 8 * 128;
+  p.q_batch_stride = p.out_batch_stride = 8 * 128;
+  p.k_head_stride = p.v_head_stride = 128, p.k_row_stride = p.v_row_stride = 2 * 128;
+  p.k_page_stride = p.v_page_stride = 16 * 2 * 128;
+  p.block_table = static_cast<const int*>(fake_pointer(0x60000));
+  p.block_table_batch_stride = 64, p.page_size = 16, p.seqlen_k = 64 * 16;
+  p.softmax_scale = 0.088f;
+  p.num_splits = 1;
   return p;
 }
 
@@ -201,6 +221,43 @@ int main() {
                       [](Bwd& p) { p.dk_batch_stride += 2; }, valid_bwd());
   expect_refused<Bwd>("bwd: misaligned workspace", Status::kMisalignedPointer, bwd_check,
                       [](Bwd& p) { p.workspace = fake_pointer(0xa0002); }, valid_bwd());
+
+  // The KV-cache API.
+  using Kv = flashtile::KvCacheParams;
+  const auto kv_check = [](const Kv& p) { return flashtile::can_implement_kvcache(p); };
+  expect(kv_check(valid_kvcache()) == Status::kSuccess, "valid KV-cache params pass");
+  expect_refused<Kv>("kvcache: null k_cache", Status::kInvalidArgument, kv_check,
+                     [](Kv& p) { p.k_cache = nullptr; }, valid_kvcache());
+  expect_refused<Kv>("kvcache: page size 0", Status::kInvalidArgument, kv_check, [](Kv& p) { p.page_size = 0; },
+                     valid_kvcache());
+  expect_refused<Kv>("kvcache: block_table with cache_batch_idx", Status::kInvalidArgument, kv_check,
+                     [](Kv& p) { p.cache_batch_idx = static_cast<const int*>(fake_pointer(0x70000)); },
+                     valid_kvcache());
+  expect_refused<Kv>("kvcache: nheads not a multiple of nheads_k", Status::kInvalidArgument, kv_check,
+                     [](Kv& p) { p.nheads_k = 3; }, valid_kvcache());
+  expect_refused<Kv>("kvcache: head dim 80 (no kernel: callers pad)", Status::kUnsupportedHeadDim, kv_check,
+                     [](Kv& p) { p.head_dim = 80; }, valid_kvcache());
+  expect_refused<Kv>("kvcache: splits past the limit", Status::kInvalidArgument, kv_check,
+                     [](Kv& p) { p.num_splits = flashtile::kMaxKvCacheSplits + 1; }, valid_kvcache());
+  expect_refused<Kv>("kvcache: out heads overlap", Status::kInvalidArgument, kv_check,
+                     [](Kv& p) { p.out_head_stride = 0; }, valid_kvcache());
+  expect_refused<Kv>("kvcache: k_cache row stride not 16-byte", Status::kMisalignedPointer, kv_check,
+                     [](Kv& p) { p.k_row_stride = 2 * 128 + 4; }, valid_kvcache());
+  expect_refused<Kv>("kvcache: softcap NaN", Status::kInvalidArgument, kv_check,
+                     [](Kv& p) { p.softcap = std::nanf(""); }, valid_kvcache());
+  // Splits from the shapes: decoding few sequences splits their keys until
+  // the GPU is full; many sequences do not split.
+  expect(flashtile::pick_kvcache_splits(valid_kvcache(), 132) > 1, "a short batch splits its keys");
+  Kv many = valid_kvcache();
+  many.batch = 4096;
+  expect(flashtile::pick_kvcache_splits(many, 132) == 1, "a long batch does not split");
+  Kv split = valid_kvcache();
+  split.num_splits = 4;
+  expect(flashtile::kvcache_workspace_bytes(split) ==
+             4 * ((3 * 8 * 4 + 3) / 4 * 4 + int64_t(3) * 8 * 4 * 128),
+         "the workspace holds 4 splits' logsumexps and outputs");
+  expect(flashtile::kvcache(split, nullptr) == Status::kInvalidArgument, "kvcache() needs the workspace to split");
+  expect(flashtile::kvcache(valid_kvcache(), nullptr) == Status::kNotBuilt, "kvcache() without kernels is kNotBuilt");
 
   // Dispatch with nothing registered (no kernels linked here): kNotBuilt,
   // and argument errors still come first.

@@ -1,0 +1,128 @@
+// Host API of attention against a KV cache (kvcache_params.hpp): argument
+// checks, the split count, the workspace size and the dispatch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "flashtile/head_dims.hpp"
+#include "flashtile/kvcache_params.hpp"
+#include "flashtile/kvcache_registry.hpp"
+#include "flashtile/layout_checks.hpp"
+#include "flashtile/status.hpp"
+
+namespace flashtile {
+
+// Split count for params' shapes on a GPU with sm_count SMs. Without a
+// split, a CTA takes 16 packed query rows of one (batch, KV head); decoding
+// has few of those and must still keep every SM reading. The time is
+// modelled as waves × (key blocks a CTA + 2, its prologue and epilogue): a
+// wave is 2 · sm_count CTAs (two an SM at head dim 128, by registers), a
+// split gets ceil(blocks / splits) 64-key blocks of the longest sequence
+// the cache holds (params.seqlen_k: the device's actual lengths are never
+// read here), at least two. The fewest splits of least modelled time win:
+// more only add partials to combine. Measured on the H200 (kernel time, batch 1, 32 query heads on 8
+// KV heads): 4k keys, 31 splits (3 blocks for some) 10.0 µs, 32 splits (2
+// each) 8.6 µs; batch 8, 16k keys, 5 splits (1.2 waves) 180 µs, 4 (one)
+// 124 µs.
+inline int pick_kvcache_splits(const KvCacheParams& p, int sm_count) {
+  const int group = p.nheads / p.nheads_k;
+  const int64_t ctas = int64_t((int64_t(p.seqlen_q) * group + 15) / 16) * p.nheads_k * p.batch;
+  const int64_t wave = 2 * int64_t(std::max(sm_count, 1));
+  if (ctas >= 4 * wave) return 1;  // the last wave is a small part of the time
+  const int64_t blocks = std::max<int64_t>(1, (int64_t(p.seqlen_k) + 63) / 64);
+  const int most = int(std::min<int64_t>(kMaxKvCacheSplits, std::max<int64_t>(1, blocks / 2)));
+  int best = 1;
+  int64_t best_time = -1;
+  for (int s = 1; s <= most; ++s) {
+    const int64_t per_split = (blocks + s - 1) / s;
+    const int64_t busy = (blocks + per_split - 1) / per_split;  // splits with blocks
+    const int64_t time = (ctas * busy + wave - 1) / wave * (per_split + 2);
+    if (best_time < 0 || time < best_time) best = s, best_time = time;
+  }
+  return best;
+}
+
+// The current device's SM count, queried once per device; 0 if it cannot be.
+inline int current_device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return (void)cudaGetLastError(), 0;
+  if (device < kMaxDevices && (sms = cached[device].load(std::memory_order_relaxed)) > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return (void)cudaGetLastError(), 0;
+  }
+  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// params.num_splits, or the choice for the current GPU when it is 0.
+inline int resolve_kvcache_splits(const KvCacheParams& p) {
+  if (p.num_splits > 0) return p.num_splits;
+  return pick_kvcache_splits(p, std::max(1, current_device_sm_count()));
+}
+
+// Bytes of workspace kvcache() needs for params (0 without a split).
+inline int64_t kvcache_workspace_bytes(const KvCacheParams& p) {
+  const int splits = resolve_kvcache_splits(p);
+  return splits > 1 ? KvCacheWorkspace(p).bytes(splits, p.head_dim) : 0;
+}
+
+// Checks everything the kernels assume about params, without touching the
+// GPU (cache_seqlens, cache_leftpad, cache_batch_idx and block_table hold
+// device values, which the kernels clamp or trust: entries and pages must
+// exist).
+inline Status can_implement_kvcache(const KvCacheParams& p) {
+  if (!p.q || !p.k_cache || !p.v_cache || !p.out || !p.lse) return Status::kInvalidArgument;
+  if (p.batch < 1 || p.nheads < 1 || p.nheads_k < 1 || p.seqlen_q < 1 || p.seqlen_k < 0 ||
+      p.nheads % p.nheads_k != 0 || p.batch > 65535 || p.nheads_k > 65535) {
+    return Status::kInvalidArgument;
+  }
+  constexpr int kMaxRows = 1 << 29;  // the mask arithmetic's bound, as kMaxSeqlen
+  if (int64_t(p.seqlen_q) * (p.nheads / p.nheads_k) > kMaxRows || p.seqlen_k > kMaxRows) {
+    return Status::kInvalidArgument;
+  }
+  if (!is_supported_head_dim(p.head_dim)) return Status::kUnsupportedHeadDim;
+  if (p.num_splits < 0 || p.num_splits > kMaxKvCacheSplits) return Status::kInvalidArgument;
+  if (int64_t(p.batch) * p.nheads * p.seqlen_q > 2147483647) return Status::kInvalidArgument;  // combine grid
+  if (!(p.softmax_scale > 0.f) || p.window_left < -1 || p.window_right < -1) return Status::kInvalidArgument;
+  if (!(p.softcap >= 0.f && p.softcap <= 3.4e38f)) return Status::kInvalidArgument;
+  if (p.block_table != nullptr && (p.page_size < 1 || p.block_table_batch_stride < 0 || p.cache_batch_idx)) {
+    return Status::kInvalidArgument;
+  }
+  if (!strides_non_negative({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_page_stride, p.k_row_stride,
+                             p.k_head_stride, p.v_page_stride, p.v_row_stride, p.v_head_stride, p.out_batch_stride,
+                             p.out_row_stride, p.out_head_stride}) ||
+      !non_overlapping(p.batch, p.seqlen_q, p.nheads, p.head_dim, p.out_batch_stride, p.out_row_stride,
+                       p.out_head_stride)) {
+    return Status::kInvalidArgument;
+  }
+  const bool aligned = vector_aligned(p.q, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}) &&
+                       vector_aligned(p.k_cache, {p.k_page_stride, p.k_row_stride, p.k_head_stride}) &&
+                       vector_aligned(p.v_cache, {p.v_page_stride, p.v_row_stride, p.v_head_stride}) &&
+                       vector_aligned(p.out, {p.out_batch_stride, p.out_row_stride, p.out_head_stride});
+  if (!aligned) return Status::kMisalignedPointer;
+  return Status::kSuccess;
+}
+
+// Runs the KV-cache kernels registered for (head_dim, dtype). With
+// params.num_splits = 0 the split count is resolve_kvcache_splits()'s, and
+// params.workspace must hold kvcache_workspace_bytes(params).
+inline Status kvcache(const KvCacheParams& params, cudaStream_t stream) {
+  const Status ok = can_implement_kvcache(params);
+  if (ok != Status::kSuccess) return ok;
+  KvCacheParams p = params;
+  p.num_splits = resolve_kvcache_splits(params);
+  if (p.num_splits > 1 && (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)) {
+    return Status::kInvalidArgument;
+  }
+  const KvCacheLauncher launch = KvCacheRegistry::instance().find(p.head_dim, p.dtype);
+  if (!launch) return Status::kNotBuilt;
+  return launch(p, stream);
+}
+
+}  // namespace flashtile

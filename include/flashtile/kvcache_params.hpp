@@ -1,0 +1,97 @@
+// Arguments of attention against a KV cache (flash_attn_with_kvcache): a few
+// new queries per sequence against the keys and values already cached, the
+// cache either dense or paged. Strides are in elements and 64-bit, as in
+// params.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "flashtile/params.hpp"
+
+namespace flashtile {
+
+// At most this many CTAs share the keys of one (batch, KV head).
+inline constexpr int kMaxKvCacheSplits = 128;
+
+// out = softmax(q kᵀ · softmax_scale) v for each (batch, query head), where
+// the keys and values of sequence b are rows [leftpad_b, seqlen_b) of its
+// cache entry:
+//   dense  k_cache (batch_cache, seqlen_cache, nheads_k, head_dim); sequence
+//          b's entry is cache_batch_idx[b] (b when nullptr);
+//   paged  k_cache (num_pages, page_size, nheads_k, head_dim) and block_table
+//          (batch, max_pages) int32: key position p of sequence b lives in
+//          page block_table[b, p / page_size], row p % page_size. Pages of
+//          any size from 1.
+// seqlen_b = cache_seqlens[b] (int32 on the device; seqlen_k for every
+// sequence when nullptr) and leftpad_b = cache_leftpad[b] (0 when nullptr),
+// both clamped to [0, seqlen_k], which is what an entry can hold. The
+// sequence's keys are numbered from 0 at leftpad_b, and the masks, window
+// and ALiBi align to the bottom-right corner of its (seqlen_q, seqlen_b −
+// leftpad_b) matrix, as FwdParams'.
+//
+// The keys of one (batch, KV head) may be split across num_splits CTAs
+// (split-KV): each writes a partial output and logsumexp to the workspace
+// and a second kernel combines them. num_splits = 0 lets kvcache()
+// (kvcache.hpp) choose from the shapes and the GPU's SM count, never from
+// device data, so a decode step can be captured in a CUDA graph;
+// kvcache_workspace_bytes() says what the workspace needs for that choice.
+struct KvCacheParams {
+  const void* q = nullptr;          // (batch, seqlen_q, nheads, head_dim)
+  const void* k_cache = nullptr;    // dense or paged, above
+  const void* v_cache = nullptr;    // k_cache's shape
+  void* out = nullptr;              // q's shape
+  float* lse = nullptr;             // (batch, nheads, seqlen_q) fp32, contiguous
+  void* workspace = nullptr;        // kvcache_workspace_bytes(params) bytes when num_splits > 1
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  // A page's stride is a dense cache's batch stride.
+  int64_t k_page_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_page_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+
+  const int* block_table = nullptr;  // paged when set
+  int64_t block_table_batch_stride = 0;
+  int page_size = 0;                 // paged: rows of a page
+  const int* cache_batch_idx = nullptr;
+  const int* cache_seqlens = nullptr;
+  const int* cache_leftpad = nullptr;
+
+  int batch = 0;
+  int nheads = 0;
+  int nheads_k = 0;  // nheads % nheads_k == 0
+  int seqlen_q = 0;
+  int seqlen_k = 0;  // keys an entry can hold: seqlen_cache, or max_pages · page_size
+  int head_dim = 0;
+
+  float softmax_scale = 0.f;
+  bool causal = false;  // as FwdParams
+  int window_left = -1;
+  int window_right = -1;
+  float softcap = 0.f;
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_batch_stride = 0, alibi_slopes_head_stride = 1;
+
+  int num_splits = 0;  // 0: chosen by kvcache(); the kernels see >= 1
+  DType dtype = DType::kBf16;
+};
+
+// Where the split-KV partials live in KvCacheParams::workspace: the
+// logsumexps (num_splits, batch, nheads, seqlen_q), then the outputs
+// (num_splits, batch, nheads, seqlen_q, head_dim), fp32, each 16-byte
+// aligned.
+struct KvCacheWorkspace {
+  int64_t rows;  // batch · nheads · seqlen_q
+
+  FLASHTILE_HOST_DEVICE explicit KvCacheWorkspace(KvCacheParams const& p)
+      : rows(int64_t(p.batch) * p.nheads * p.seqlen_q) {}
+  FLASHTILE_HOST_DEVICE int64_t lse_floats(int num_splits) const { return (rows * num_splits + 3) / 4 * 4; }
+  FLASHTILE_HOST_DEVICE int64_t bytes(int num_splits, int head_dim) const {
+    return 4 * (lse_floats(num_splits) + rows * num_splits * head_dim);
+  }
+  FLASHTILE_HOST_DEVICE float* lse(void* workspace) const { return static_cast<float*>(workspace); }
+  FLASHTILE_HOST_DEVICE float* out(void* workspace, int num_splits) const {
+    return static_cast<float*>(workspace) + lse_floats(num_splits);
+  }
+};
+
+}  // namespace flashtile

@@ -1,0 +1,49 @@
+// The KV-cache kernels' dispatch table: one entry per compiled (head dim,
+// dtype), each generated kernels/kvcache_*.cu file adding its launcher at
+// static-initialization time, as registry.hpp's for the forward and
+// backward. A table of its own because these kernels take KvCacheParams and
+// have one family for every arch (the mma.sync kernels, sm80 and newer).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "flashtile/kvcache_params.hpp"
+#include "flashtile/status.hpp"
+
+namespace flashtile {
+
+using KvCacheLauncher = Status (*)(const KvCacheParams&, cudaStream_t);
+
+class KvCacheRegistry {
+ public:
+  static KvCacheRegistry& instance() {
+    static KvCacheRegistry registry;
+    return registry;
+  }
+
+  bool add(int head_dim, DType dtype, KvCacheLauncher launch) {
+    entries_.push_back({head_dim, dtype, launch});
+    return true;
+  }
+
+  KvCacheLauncher find(int head_dim, DType dtype) const {
+    for (const Entry& e : entries_) {
+      if (e.head_dim == head_dim && e.dtype == dtype) return e.launch;
+    }
+    return nullptr;
+  }
+
+  struct Entry {
+    int head_dim;
+    DType dtype;
+    KvCacheLauncher launch;
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+}  // namespace flashtile

@@ -1,0 +1,81 @@
+// Tile configuration of the KV-cache kernel (sm80/kvcache_kernel.hpp): 16
+// packed query rows a CTA, warps that split each key block among them, and
+// a cp.async pipeline of key/value blocks deep enough to keep HBM busy.
+#pragma once
+
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include <type_traits>
+
+#include "flashtile/sm80/smem_layout.hpp"
+
+namespace flashtile::sm80 {
+
+using namespace cute;
+
+// Per head dim: warps (each takes 16 keys of every key block) and pipeline
+// stages. Every configuration fits 99 KB of shared memory (sm86, sm89,
+// sm120), so one instantiation runs on every GPU; a stage is one key block
+// of K and V, 16-32 KB.
+template <int kHeadDim>
+struct KvCacheConfig {
+  static constexpr int kNWarps = 4, kStages = kHeadDim <= 32 ? 6 : kHeadDim <= 64 ? 4 : kHeadDim <= 96 ? 3 : 2;
+};
+template <>
+struct KvCacheConfig<192> {
+  static constexpr int kNWarps = 2, kStages = 3;
+};
+template <>
+struct KvCacheConfig<256> {
+  static constexpr int kNWarps = 2, kStages = 2;
+};
+
+template <int kHeadDim_, class Element_>
+struct KvCacheTraits {
+  using Element = Element_;
+  static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kNWarps = KvCacheConfig<kHeadDim>::kNWarps;
+  static constexpr int kStages = KvCacheConfig<kHeadDim>::kStages;
+  static constexpr int kNThreads = 32 * kNWarps;
+  // Query rows are (query, head of the KV head's group) pairs, packed; 16 of
+  // them are one MMA tile. Decoding (one query, groups of 1-8 heads) fills
+  // part of it; memory, not the tensor cores, bounds that case.
+  static constexpr int kBlockM = 16;
+  static constexpr int kKeysPerWarp = 16;
+  static constexpr int kBlockN = kKeysPerWarp * kNWarps;
+  static_assert(kHeadDim % 32 == 0, "swizzle atoms tile whole 32- or 64-column rows");
+
+  // One warp's products: S (16 × 16 keys) = Q·Kᵀ, O (16 × head dim) += P·V.
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,
+                                     MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
+  using WarpMma = TiledMMA<MmaAtom, Layout<Shape<_1, _1, _1>>, Tile<_16, _16, _16>>;
+
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // (kBlockM, kHeadDim)
+  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // (kBlockN, kHeadDim), one stage
+  using SmemLayoutVt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;  // (kHeadDim, kBlockN)
+
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+
+  // 16-byte chunks: a tile's chunks are numbered row by row and dealt to
+  // the threads in turn, so a warp reads contiguous row segments.
+  static constexpr int kChunksPerRow = kHeadDim * int(sizeof(Element)) / 16;
+  static_assert(kBlockN * kChunksPerRow % kNThreads == 0, "every thread loads as many K/V chunks");
+
+  static constexpr int kSmemQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
+  static constexpr int kSmemKVBytes = cosize_v<SmemLayoutKV> * int(sizeof(Element));  // one stage of K or V
+  static constexpr int kSmemPipelineBytes = 2 * kStages * kSmemKVBytes;
+  // The epilogue reuses the pipeline's bytes for each warp's unnormalized O,
+  // row maxima and row sums (fp32), merged across warps.
+  static constexpr int kSmemMergeBytes = kNWarps * kBlockM * (kHeadDim + 2) * 4;
+  static_assert(kSmemMergeBytes <= kSmemPipelineBytes);
+  static constexpr int kSmemBytes = kSmemQBytes + kSmemPipelineBytes;
+  static_assert(kSmemBytes <= 99 * 1024, "runs on every GPU from sm80 up");
+};
+
+}  // namespace flashtile::sm80
