@@ -1,8 +1,8 @@
 """CPU tests of flashtile.flash_attn_with_kvcache's own work: appending the
 new keys into a dense or paged cache in place, rotary embedding at the
-cache positions, cache_batch_idx and cache_leftpad, and the varlen batch it
-hands the kernels. A per-sequence reference attention (float32) stands in
-for the varlen kernels; the expected outputs are built independently, one
+cache positions, cache_batch_idx and cache_leftpad, and what it hands the
+kernels. A per-sequence reference attention (float32) stands in for the
+KV-cache kernels (_ops.run_kvcache); the expected outputs are built independently, one
 sequence at a time, from a copy of the cache updated by hand.
 test_kvcache_gpu.py runs it on the kernels.
 """
@@ -17,29 +17,35 @@ from flashtile.rotary import apply_rotary_emb
 from reference import attention_ref
 
 
-def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_attn_probs=False,
-                     seqused_k=None):
+def reference_run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_right, softcap,
+                          alibi_slopes, cache_seqlens, cache_leftpad, cache_batch_idx, block_table, num_splits):
+    """_ops.run_kvcache's contract, one sequence at a time in float32: the
+    keys [cache_leftpad[b], cache_seqlens[b]) of sequence b's cache entry
+    (cache_batch_idx) or pages (block_table)."""
     outs, lses = [], []
-    for b in range(cu_seqlens_q.numel() - 1):
-        q0, q1, k0 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(cu_seqlens_k[b])
-        rows = int(cu_seqlens_k[b + 1]) - k0
-        used = min(int(seqused_k[b]), rows, max_seqlen_k)
+    for b in range(q.shape[0]):
+        if block_table is not None:
+            keys = k_cache[block_table[b].long()].flatten(0, 1)
+            values = v_cache[block_table[b].long()].flatten(0, 1)
+        else:
+            entry = b if cache_batch_idx is None else int(cache_batch_idx[b])
+            keys, values = k_cache[entry], v_cache[entry]
+        lo = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        hi = keys.shape[0] if cache_seqlens is None else int(cache_seqlens[b])
         slopes = None if alibi_slopes is None else (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes)
-        out, lse = attention_ref(q[None, q0:q1], k[None, k0:k0 + used], v[None, k0:k0 + used], causal=causal,
-                                 softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                                 alibi_slopes=slopes)
-        outs.append(out[0])
+        out, lse = attention_ref(q[b:b + 1], keys[None, lo:hi], values[None, lo:hi], causal=causal,
+                                 softmax_scale=softmax_scale, window_size=(window_left, window_right),
+                                 softcap=softcap, alibi_slopes=slopes)
+        outs.append(out[0].to(q.dtype))
         lses.append(lse[0])
-    out = torch.cat(outs)
-    return (out, torch.cat(lses, dim=1), None) if return_attn_probs else out
+    return torch.stack(outs), torch.stack(lses)
 
 
 @pytest.fixture(autouse=True)
 def reference_kernels(monkeypatch):
     """The reference for the kernels, and none of their requirements (dtype,
     built head dims, CUDA: test_bad_inputs.py has those rows)."""
-    monkeypatch.setattr(kvcache, "flash_attn_varlen_func", reference_varlen)
+    monkeypatch.setattr(kvcache, "run_kvcache", reference_run_kvcache)
     monkeypatch.setattr(kvcache, "_check_kernels_take", lambda *args: None)
 
 

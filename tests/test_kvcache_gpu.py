@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 import flashtile
 from flashtile import _C, _checks
 from flashtile.rotary import apply_rotary_emb
+from kernel_names import cuda_kernel_names
 from reference import assert_close_fa_rule, attention_ref
 
 BUILT = _checks.fwd_combos(_C.built_kernels(), "plain")
@@ -116,3 +117,180 @@ def test_decode_step_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, step(), rtol=0, atol=0)
+
+
+# ---- The KV-cache kernels themselves -----------------------------------------------------------------------
+
+BUILT_KVCACHE = set(_C.built_kvcache_kernels())
+
+
+def paged_copy(k_dense, v_dense, page):
+    """The dense (batch, capacity, ...) caches scattered into a shuffled pool
+    of pages, with its block_table: the same keys, paged."""
+    batch, capacity = k_dense.shape[:2]
+    blocks = -(-capacity // page)
+    pool = batch * blocks + 2
+    k_pages = torch.full((pool, page, *k_dense.shape[2:]), float("nan"), device="cuda", dtype=k_dense.dtype)
+    v_pages = torch.full_like(k_pages, float("nan"))
+    table = torch.randperm(pool, device="cuda")[:batch * blocks].reshape(batch, blocks).to(torch.int32)
+    padded = blocks * page
+    for name, dense, pages in (("k", k_dense, k_pages), ("v", v_dense, v_pages)):
+        full = torch.full((batch, padded, *dense.shape[2:]), float("nan"), device="cuda", dtype=dense.dtype)
+        full[:, :capacity] = dense
+        pages[table.long().flatten()] = full.reshape(batch * blocks, page, *dense.shape[2:])
+    return k_pages, v_pages, table
+
+
+def check_against_reference(q, k_dense, v_dense, out, lse, lengths, starts=None, **ref_kwargs):
+    """out and lse of each sequence b against attention over its keys
+    [starts[b], lengths[b]) of the dense caches, FlashAttention's rule."""
+    for b in range(q.shape[0]):
+        lo = 0 if starts is None else starts[b]
+        kb, vb = k_dense[b:b + 1, lo:lengths[b]], v_dense[b:b + 1, lo:lengths[b]]
+        kwargs = dict(ref_kwargs)
+        if kwargs.get("alibi_slopes") is not None and kwargs["alibi_slopes"].dim() == 2:
+            kwargs["alibi_slopes"] = kwargs["alibi_slopes"][b:b + 1]
+        ref, ref_lse = attention_ref(q[b:b + 1], kb, vb, **kwargs)
+        pt, _ = attention_ref(q[b:b + 1], kb, vb, upcast=False, **kwargs)
+        assert_close_fa_rule(out[b:b + 1], ref, pt, f"out of sequence {b}")
+        finite = torch.isfinite(ref_lse[0])
+        assert torch.equal(torch.isfinite(lse[b]), finite), f"lse of sequence {b}: -inf rows differ"
+        torch.testing.assert_close(lse[b][finite], ref_lse[0][finite], rtol=0, atol=2e-3)
+
+
+def ran_the_kvcache_kernel(fn):
+    result, names = cuda_kernel_names(fn)
+    assert any("kvcache_kernel" in n for n in names), names
+    return result
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("layout", ["dense", "paged16"])
+@pytest.mark.parametrize("num_splits", [1, 0, 5], ids=["one_split", "auto_splits", "five_splits"])
+def test_kvcache_kernel_head_dims(d, dtype, layout, num_splits):
+    if (d, {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]) not in BUILT_KVCACHE:
+        pytest.skip(f"the d{d} KV-cache kernel is not built")
+    batch, nheads, nheads_k, capacity = 3, 8, 2, 777
+    q = torch.randn(batch, 1, nheads, d, device="cuda", dtype=dtype)
+    k_dense = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    v_dense = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    lengths = [1, 400, 777]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if layout == "dense":
+        k_cache, v_cache, extra = k_dense, v_dense, {}
+    else:
+        k_cache, v_cache, table = paged_copy(k_dense, v_dense, 16)
+        extra = {"block_table": table}
+    out, lse = ran_the_kvcache_kernel(lambda: flashtile.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, num_splits=num_splits, return_softmax_lse=True,
+        **extra))
+    check_against_reference(q, k_dense, v_dense, out, lse, lengths, causal=True)
+
+
+FEATURES = {
+    "none": {},
+    "causal": {"causal": True},
+    "window": {"window_size": (37, 0)},
+    "window_both_sides": {"window_size": (20, 9)},
+    "softcap": {"softcap": 5.0},
+    "alibi": {"alibi": True},
+    "all": {"causal": True, "window_size": (50, -1), "softcap": 3.0, "alibi": True},
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("seqlen_q", [1, 5, 40])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kvcache_kernel_features(feature, seqlen_q, group, num_splits):
+    """Masks, softcap and ALiBi per packed row: query i of head h, with
+    several queries (speculative decoding, chunked prefill) and GQA groups
+    that spread them over more than one 16-row tile."""
+    if (128, "bf16") not in BUILT_KVCACHE:
+        pytest.skip("the d128 bf16 KV-cache kernel is not built")
+    dtype, d, batch, nheads_k, capacity = torch.bfloat16, 128, 2, 2, 300
+    nheads = nheads_k * group
+    kwargs = dict(FEATURES[feature])
+    q = torch.randn(batch, seqlen_q, nheads, d, device="cuda", dtype=dtype)
+    k_dense = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    v_dense = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    lengths = [3 if seqlen_q < 5 else seqlen_q - 2, 299]  # one sequence with fewer keys than queries
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(batch, nheads, device="cuda", dtype=torch.float32)
+    out, lse = ran_the_kvcache_kernel(lambda: flashtile.flash_attn_with_kvcache(
+        q, k_dense, v_dense, cache_seqlens=seqlens, num_splits=num_splits, return_softmax_lse=True, **kwargs))
+    check_against_reference(q, k_dense, v_dense, out, lse, lengths, **kwargs)
+
+
+@pytest.mark.parametrize("page", [1, 16, 48, 64, 256, 512])
+def test_kvcache_kernel_page_sizes(page):
+    """Every page size reads the same keys as the dense cache: empty, partial
+    and full sequences; NaN in the pool outside them must not leak in."""
+    if (128, "bf16") not in BUILT_KVCACHE:
+        pytest.skip("the d128 bf16 KV-cache kernel is not built")
+    dtype, d, batch, nheads, nheads_k, capacity = torch.bfloat16, 128, 4, 16, 4, 1100
+    q = torch.randn(batch, 2, nheads, d, device="cuda", dtype=dtype)
+    k_dense = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    v_dense = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    lengths = [0, 1, 555, capacity]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    k_cache, v_cache, table = paged_copy(k_dense, v_dense, page)
+    dense_out, dense_lse = flashtile.flash_attn_with_kvcache(q, k_dense, v_dense, cache_seqlens=seqlens,
+                                                             num_splits=3, return_softmax_lse=True)
+    out, lse = ran_the_kvcache_kernel(lambda: flashtile.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, num_splits=3, return_softmax_lse=True))
+    check_against_reference(q, k_dense, v_dense, out, lse, lengths)
+    assert torch.equal(out, dense_out) and torch.equal(lse, dense_lse), "paged and dense caches differ"
+
+
+def test_kvcache_kernel_more_splits_than_key_blocks():
+    """Splits left without a key block add nothing; the result is the one
+    split's up to rounding."""
+    if (128, "bf16") not in BUILT_KVCACHE:
+        pytest.skip("the d128 bf16 KV-cache kernel is not built")
+    dtype, d = torch.bfloat16, 128
+    q = torch.randn(2, 1, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, 200, 8, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, 200, 8, d, device="cuda", dtype=dtype)
+    seqlens = torch.tensor([130, 7], dtype=torch.int32, device="cuda")
+    out, lse = flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=128,
+                                                 return_softmax_lse=True)
+    check_against_reference(q, k, v, out, lse, [130, 7])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("page", [1, 16, 256])
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_varlen_paged_kv(causal, page, d):
+    """flash_attn_varlen_func with block_table: the same result as on the
+    sequences' keys packed densely, sequences of unequal query and key
+    lengths (some with more queries than keys); forward only."""
+    if (flashtile_kernel_dim(d), "bf16") not in BUILT_KVCACHE:
+        pytest.skip(f"the d{flashtile_kernel_dim(d)} KV-cache kernel is not built")
+    dtype, nheads, nheads_k = torch.bfloat16, 6, 2
+    lens_q, lens_k = [5, 1, 70, 33], [40, 1, 300, 20]
+    batch, max_k = len(lens_q), max(lens_k)
+    k_dense = torch.randn(batch, max_k, nheads_k, d, device="cuda", dtype=dtype)
+    v_dense = torch.randn(batch, max_k, nheads_k, d, device="cuda", dtype=dtype)
+    k_pages, v_pages, table = paged_copy(k_dense, v_dense, page)
+    q = torch.randn(sum(lens_q), nheads, d, device="cuda", dtype=dtype, requires_grad=True)
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max_k,
+                                                   causal=causal, block_table=table, return_attn_probs=True)
+    k_packed = torch.cat([k_dense[b, :lens_k[b]] for b in range(batch)])
+    v_packed = torch.cat([v_dense[b, :lens_k[b]] for b in range(batch)])
+    ref_out, ref_lse, _ = flashtile.flash_attn_varlen_func(q.detach(), k_packed, v_packed, cu_q, cu_k, max(lens_q),
+                                                           max_k, causal=causal, return_attn_probs=True)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=2e-2)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=0, atol=1e-3)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        out.sum().backward()
+
+
+def flashtile_kernel_dim(d):
+    return _checks.kernel_head_dim(d)

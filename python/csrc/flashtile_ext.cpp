@@ -347,6 +347,111 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
                    dtype, flashtile::variant_for(p));
 }
 
+// The split count kvcache() will use for these shapes on the current GPU
+// (num_splits = 0: its choice) and the workspace bytes that needs.
+std::tuple<int, int64_t> kvcache_plan(int batch, int seqlen_q, int nheads, int nheads_k, int head_dim,
+                                      int seqlen_k, int num_splits) {
+  flashtile::KvCacheParams p;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.nheads_k = nheads_k, p.head_dim = head_dim;
+  p.seqlen_k = seqlen_k, p.num_splits = num_splits;
+  require(batch >= 1 && seqlen_q >= 1 && nheads_k >= 1 && nheads % nheads_k == 0 && seqlen_k >= 0,
+          "kvcache_plan: invalid shapes");
+  require(num_splits >= 0 && num_splits <= flashtile::kMaxKvCacheSplits,
+          "num_splits must be in [0, " + std::to_string(flashtile::kMaxKvCacheSplits) + "]");
+  const int splits = flashtile::resolve_kvcache_splits(p);
+  p.num_splits = splits;
+  return {splits, flashtile::kvcache_workspace_bytes(p)};
+}
+
+// Attention of q (batch, seqlen_q, nheads, d) against a dense (batch_cache,
+// seqlen_cache, nheads_k, d) or paged (num_pages, page_size, nheads_k, d)
+// cache; see flashtile/kvcache_params.hpp.
+void kvcache(const CudaArray& q, const CudaArray& k_cache, const CudaArray& v_cache, const CudaArray& out,
+             const CudaArray& lse, const std::optional<CudaArray>& workspace, float softmax_scale, bool causal,
+             uintptr_t stream, int window_left, int window_right, float softcap,
+             const std::optional<CudaArray>& alibi_slopes, const std::optional<CudaArray>& cache_seqlens,
+             const std::optional<CudaArray>& cache_leftpad, const std::optional<CudaArray>& cache_batch_idx,
+             const std::optional<CudaArray>& block_table, int num_splits) {
+  const flashtile::DType dtype = element_dtype(q, "q");
+  require(element_dtype(k_cache, "k_cache") == dtype && element_dtype(v_cache, "v_cache") == dtype &&
+              element_dtype(out, "out") == dtype,
+          "q, k_cache, v_cache and out must share one dtype");
+  const int device = q.device_id();
+  require(k_cache.device_id() == device && v_cache.device_id() == device && out.device_id() == device &&
+              lse.device_id() == device,
+          "q, k_cache, v_cache, out and lse must be on one CUDA device");
+  const Rows4 Q(q, "q", false), K(k_cache, "k_cache", false), V(v_cache, "v_cache", false), O(out, "out", false);
+  require_lse(lse, Q, false);
+  for (int i = 0; i < 4; ++i) {
+    require(K.shape(i) == V.shape(i), "k_cache and v_cache must have the same shape");
+    require(O.shape(i) == Q.shape(i), "out must have q's shape");
+  }
+  require(K.shape(3) == Q.shape(3), "k_cache must have q's head_dim");
+
+  flashtile::KvCacheParams p;
+  p.batch = int(Q.shape(0)), p.seqlen_q = int(Q.shape(1)), p.nheads = int(Q.shape(2)), p.head_dim = int(Q.shape(3));
+  p.nheads_k = int(K.shape(2));
+  p.q = q.data(), p.k_cache = k_cache.data(), p.v_cache = v_cache.data(), p.out = out.data();
+  p.lse = static_cast<float*>(lse.data());
+  Q.strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  K.strides(p.k_page_stride, p.k_row_stride, p.k_head_stride);
+  V.strides(p.v_page_stride, p.v_row_stride, p.v_head_stride);
+  O.strides(p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  if (block_table) {
+    const CudaArray& t = *block_table;
+    require(is_dtype(t, nb::dlpack::dtype_code::Int, 32) && t.ndim() == 2 && int64_t(t.shape(0)) == p.batch,
+            "block_table must be int32 (batch, max_pages)");
+    require(t.shape(1) <= 1 || t.stride(1) == 1, "block_table's rows must be contiguous");
+    require(t.device_id() == device, "block_table must be on q's CUDA device");
+    require(int64_t(t.shape(1)) * K.shape(1) <= (int64_t(1) << 29), "block_table: the cache holds too many keys");
+    p.block_table = static_cast<const int*>(t.data());
+    p.block_table_batch_stride = t.stride(0);
+    p.page_size = int(K.shape(1));
+    p.seqlen_k = int(int64_t(t.shape(1)) * K.shape(1));
+  } else {
+    p.seqlen_k = int(K.shape(1));
+  }
+  auto vector = [&](const std::optional<CudaArray>& a, const char* name) -> const int* {
+    if (!a) return nullptr;
+    require_int32_vector(*a, name, p.batch, device);
+    return static_cast<const int*>(a->data());
+  };
+  p.cache_seqlens = vector(cache_seqlens, "cache_seqlens");
+  p.cache_leftpad = vector(cache_leftpad, "cache_leftpad");
+  p.cache_batch_idx = vector(cache_batch_idx, "cache_batch_idx");
+  require(!(block_table && cache_batch_idx), "cache_batch_idx: not with a paged cache");
+  require(block_table || cache_batch_idx || K.shape(0) >= p.batch,
+          "k_cache holds fewer sequences than q's batch");
+  p.softmax_scale = softmax_scale;
+  p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  p.dtype = dtype;
+  p.num_splits = num_splits;
+  set_score_mod(p, softcap, alibi_slopes, device);
+  const int64_t need = flashtile::kvcache_workspace_bytes(p);
+  if (need > 0) {
+    require(workspace.has_value() && workspace->ndim() == 1 && workspace->stride(0) == 1 &&
+                int64_t(workspace->nbytes()) >= need && workspace->device_id() == device,
+            "workspace must be a contiguous 1-D array of kvcache_plan()'s bytes on q's device");
+    p.workspace = workspace->data();
+  }
+  const flashtile::Status status = flashtile::kvcache(p, reinterpret_cast<cudaStream_t>(stream));
+  if (status == flashtile::Status::kNotBuilt) {
+    throw std::runtime_error("flashtile.kvcache: the kernel for head_dim=" + std::to_string(p.head_dim) +
+                             ", dtype=" + flashtile::dtype_name(dtype) + " is not built in this flashtile build");
+  }
+  raise_for_status(status, "kvcache", p.head_dim, dtype, flashtile::Variant::kPlain);
+}
+
+std::vector<std::tuple<int, std::string>> built_kvcache_kernels() {
+  std::vector<std::tuple<int, std::string>> out;
+  for (const auto& e : flashtile::KvCacheRegistry::instance().entries()) {
+    out.emplace_back(e.head_dim, flashtile::dtype_name(e.dtype));
+  }
+  return out;
+}
+
 std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> built_kernels() {
   std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> out;
   for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
@@ -404,6 +509,26 @@ NB_MODULE(_C, m) {
         "deterministic, the split tail's dK/dV accumulator without a mask, and row sums); "
         "varlen_total_q >= 0: a variable-length batch of that many query rows (seqlen_q and "
         "seqlen_k its longest sequences').");
+  m.def("kvcache", &kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"), nb::arg("lse"),
+        nb::arg("workspace").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("stream"),
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.f,
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("cache_seqlens").none() = nb::none(),
+        nb::arg("cache_leftpad").none() = nb::none(), nb::arg("cache_batch_idx").none() = nb::none(),
+        nb::arg("block_table").none() = nb::none(), nb::arg("num_splits") = 0,
+        "Attention of q (batch, seqlen_q, nheads, head_dim) against a KV cache, dense (batch_cache, "
+        "seqlen_cache, nheads_k, head_dim) or paged (num_pages, page_size, nheads_k, head_dim) with "
+        "block_table (int32 (batch, max_pages)), into caller-allocated out (q's shape) and lse (batch, "
+        "nheads, seqlen_q) fp32. cache_seqlens (int32 (batch,)): keys each sequence uses (the cache's "
+        "capacity when None); cache_leftpad (int32 (batch,)): where they start; cache_batch_idx (int32 "
+        "(batch,)): a dense cache's entry per sequence. num_splits: split-KV CTAs per (batch, KV head), "
+        "0 to choose; with more than one, workspace holds kvcache_plan()'s bytes. Reads no device value "
+        "on the host (CUDA-graph capturable).");
+  m.def("kvcache_plan", &kvcache_plan, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("nheads"),
+        nb::arg("nheads_k"), nb::arg("head_dim"), nb::arg("seqlen_k"), nb::arg("num_splits"),
+        "(num_splits, workspace bytes) kvcache() uses for these shapes on the current GPU; seqlen_k is "
+        "the keys a sequence's cache can hold.");
+  m.def("built_kvcache_kernels", &built_kvcache_kernels,
+        "The (head_dim, dtype) KV-cache kernels this build contains.");
   m.def("limit_dispatch_arch", &limit_dispatch_arch, nb::arg("highest"),
         "Tests and benchmarks only: \"sm80\" makes every call run the sm80 (mma.sync) path's "
         "kernels, even where an sm90 (wgmma) kernel is built and the GPU runs it; \"sm90\" (the "

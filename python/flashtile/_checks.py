@@ -11,7 +11,7 @@ Exception types
 * ``ValueError``          -- a tensor or number has the wrong properties
                              (rank, dtype, shape, strides, device, range).
 * ``NotImplementedError`` -- a valid request for a feature flashtile does not
-                             have (paged KV: ``block_table``).
+                             have (a backward through paged KV).
 * ``KernelNotBuiltError`` -- (a ``RuntimeError``) the request is supported by
                              flashtile, but this build was compiled without
                              the forward kernel that serves it (softcap,
@@ -78,7 +78,6 @@ __all__ = [
     "check_varlen_tensors",
     "check_varlen_qkvpacked",
     "check_varlen_kvpacked",
-    "check_block_table",
 ]
 
 
@@ -281,7 +280,8 @@ def kernel_head_dim(head_dim: int):
     return next((hd for hd in SUPPORTED_HEAD_DIMS if hd >= head_dim), None)
 
 
-def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q", variant: str = "plain") -> None:
+def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q", variant: str = "plain",
+                   kind: str | None = None) -> None:
     """A head dim from 1 to 256 whose kernel (:func:`kernel_head_dim`) exists,
     and that kernel is in this build's table (``fwd_built`` as returned by
     :func:`fwd_combos` for ``variant``) for ``dtype``. The kernel is never
@@ -296,7 +296,8 @@ def check_head_dim(head_dim, dtype: torch.dtype, fwd_built, name: str = "q", var
     if not any(kernel_dim == hd and dtype_name == dn for hd, dn in fwd_built):
         built = ", ".join(f"hdim{hd}/{dn}" for hd, dn in fwd_built) or "none"
         padded = "" if kernel_dim == head_dim else f" (which runs head dim {head_dim}, zero-padded)"
-        kind = "forward kernel with softcap/ALiBi (variant scoremod)" if variant == "scoremod" else "forward kernel"
+        if kind is None:
+            kind = "forward kernel with softcap/ALiBi (variant scoremod)" if variant == "scoremod" else "forward kernel"
         raise KernelNotBuiltError(
             f"{name}: the {kind} for head dim {kernel_dim}{padded} with dtype {dtype_name} "
             f"is not built in this flashtile build (built: {built}); rebuild flashtile "
@@ -542,8 +543,3 @@ def check_varlen_kvpacked(kv) -> None:
     if kv.dim() != 4 or kv.shape[1] != 2:
         raise ValueError(
             f"kv must be 4-D (total_k, 2, nheads_k, headdim), got {kv.dim()}-D shape {_fmt_shape(kv)}")
-
-
-def check_block_table(block_table) -> None:
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged KV caches are not implemented in flashtile yet; pass None")

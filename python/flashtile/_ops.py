@@ -52,6 +52,8 @@ except ImportError as exc:  # no fallback: say what is missing and how to get it
 # Read once: the extension's table cannot change while the process runs, and a
 # tuple of Python constants is something torch.compile can trace through.
 BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
+# (head_dim, dtype name) of the KV-cache kernels (flash_attn_with_kvcache).
+BUILT_KVCACHE_KERNELS = tuple(tuple(entry) for entry in _C.built_kvcache_kernels())
 
 _MIN_CAPABILITY = (8, 0)  # the sm80 (mma.sync) path runs on Ampere and newer
 
@@ -191,6 +193,35 @@ def run_fwd(q, k, v, out, lse, attn_probs, softmax_scale, causal, window_left=-1
         _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
                int(window_right), float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed, attn_probs, tile_counter)
+
+
+def run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                cache_seqlens, cache_leftpad, cache_batch_idx, block_table, num_splits):
+    """flash_attn_with_kvcache's attention (the cache already appended to):
+    returns (out, lse (batch, nheads, seqlen_q) fp32). cache_seqlens (int32
+    (batch,)) are the keys each sequence uses; num_splits 0 lets the
+    extension choose from the shapes. Nothing on the host reads a device
+    value, so a CUDA graph can capture it."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    _check_device_capability(q.device)
+    q, k_cache, v_cache = (_kernel_ready(t) for t in (q, k_cache, v_cache))
+    cache_seqlens, cache_leftpad, cache_batch_idx, block_table = (
+        t if t is None or t.is_contiguous() else t.contiguous()
+        for t in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table))
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    with torch.cuda.device(q.device):
+        splits, workspace_bytes = _C.kvcache_plan(batch, seqlen_q, nheads, k_cache.shape[2], head_dim, capacity,
+                                                  int(num_splits))
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes else None
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _C.kvcache(q, k_cache, v_cache, out, lse, workspace, float(softmax_scale), bool(causal), stream,
+                   int(window_left), int(window_right), float(softcap), alibi_slopes, cache_seqlens, cache_leftpad,
+                   cache_batch_idx, block_table, splits)
+    return out, lse
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,

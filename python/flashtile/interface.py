@@ -43,7 +43,8 @@ unwritten, and the offsets are not read on the host (that would
 synchronize): the kernels clamp them into the tensors. ``seqused_k``
 (int32, (batch,)), an addition to flash_attn's signature, makes sequence b
 attend only to its first seqused_k[b] keys (the others get zero dk, dv).
-Paged KV (``block_table``) is not implemented (NotImplementedError).
+With ``block_table`` (paged KV, forward only) k and v are paged caches, run
+by the KV-cache kernels (kvcache.py).
 
 ``dropout_p > 0`` drops each attention probability with that probability,
 rounded to a multiple of 1/256 (FlashAttention-2's 8-bit threshold), and
@@ -75,6 +76,7 @@ import torch.nn.functional as F
 
 from . import _checks
 from ._ops import BUILT_KERNELS, fwd as _fwd_op
+from .kvcache import paged_varlen_attention
 
 __all__ = [
     "flash_attn_func",
@@ -297,7 +299,11 @@ def flash_attn_varlen_func(
         q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim).
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets of each sequence's rows.
         max_seqlen_q, max_seqlen_k: ints, the longest sequence of each (at least every length).
-        block_table: must be None (paged KV is not implemented).
+        block_table: None, or int32 (batch, max_pages): k and v are then paged caches
+            (num_pages, page_size, nheads_k, headdim), pages of any size, and sequence b's
+            keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] positions (seqused_k[b]
+            when given) in the pages block_table[b] names. Forward only (as in flash_attn);
+            dropout is not available with it.
         seqused_k: None, or int32 (batch,): the keys of each sequence that are attended.
         The other arguments are as in :func:`flash_attn_func`.
 
@@ -309,7 +315,13 @@ def flash_attn_varlen_func(
     """
     _checks.check_options(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    _checks.check_block_table(block_table)
+    if block_table is not None:
+        if dropout_p > 0:
+            raise ValueError("dropout_p: not with block_table (paged KV runs the KV-cache kernels, "
+                             "which have no dropout)")
+        return paged_varlen_attention(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                              seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                              return_attn_probs)
     return _attention_varlen(q, k, v, ("q", "k", "v"), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              seqused_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              return_attn_probs, deterministic)

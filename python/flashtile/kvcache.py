@@ -23,28 +23,27 @@ features (2i, 2i + 1) rather than (i, i + rotary_dim / 2).
 Nothing here reads a device value on the host, so a decode step can be
 captured in a CUDA graph and replayed with new cache_seqlens.
 
-This version runs the variable-length forward kernels (the new keys
-appended with tensor ops before it): a dense cache is read in place,
-cache_leftpad included, as a packed batch whose sequence b starts at row
-b * seqlen_cache + cache_leftpad[b] and uses its first keys (seqused_k);
-a paged cache, or a dense one picked through cache_batch_idx, is first
-gathered into a dense copy. num_splits is accepted and does not change the
-result; the kernels do not split a sequence's keys across CTAs yet (issue
-24: paged and split-KV decode kernels).
+The attention runs the KV-cache kernels (include/flashtile/sm80/kvcache_*):
+the cache is read in place, dense or paged (pages of any size), and the
+query heads that share a KV head are one tile, so each cache row is read
+once for all of them. A sequence's keys are split across CTAs (num_splits;
+0 chooses from the shapes and the GPU's SM count) and the partial results
+combined. The new keys are appended, and rotated, with tensor ops before
+it. Head dims without a KV-cache kernel (other than 32, 64, 96, 128, 192,
+256) gather the cache into a dense copy and run the variable-length
+forward, which pads the head dim.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import _checks
 from .rotary import apply_rotary_emb
-from ._ops import BUILT_KERNELS
-from .interface import flash_attn_varlen_func
+from ._ops import BUILT_KVCACHE_KERNELS, run_kvcache
 
-__all__ = ["flash_attn_with_kvcache"]
-
-_FWD_BUILT = {variant: _checks.fwd_combos(BUILT_KERNELS, variant) for variant in ("plain", "scoremod")}
+__all__ = ["flash_attn_with_kvcache", "paged_varlen_attention"]
 
 
 def flash_attn_with_kvcache(
@@ -78,7 +77,7 @@ def flash_attn_with_kvcache(
                                                        cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                                        num_splits)
     # Everything the kernels will ask, before the cache is written.
-    _check_kernels_take(q, alibi_slopes, softcap,
+    _check_kernels_take(q.dtype, head_dim, batch, nheads, alibi_slopes,
                         [(t, name) for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k, "k"),
                                                    (v, "v"), (cache_seqlens, "cache_seqlens"),
                                                    (cache_batch_idx, "cache_batch_idx"),
@@ -87,10 +86,11 @@ def flash_attn_with_kvcache(
                          if isinstance(t, torch.Tensor)])
     device = q.device
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]  # keys a sequence can hold
-    if cache_seqlens is None:
-        cache_seqlens = capacity
-    if isinstance(cache_seqlens, int):
-        seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    if cache_seqlens is None and k is None and rotary_cos is None:
+        seqlens = None  # the whole cache: the kernels' default, no tensor to fill
+    elif cache_seqlens is None or isinstance(cache_seqlens, int):
+        seqlens = torch.full((batch,), capacity if cache_seqlens is None else cache_seqlens, dtype=torch.int32,
+                             device=device)
     else:
         seqlens = cache_seqlens.to(torch.int32)
 
@@ -111,33 +111,105 @@ def flash_attn_with_kvcache(
     else:
         used = seqlens
 
-    # The keys as a packed varlen batch of `batch` entries of `capacity` rows.
-    if paged:
-        pages = block_table.long()
-        keys = k_cache[pages].reshape(batch, capacity, *k_cache.shape[2:])
-        values = v_cache[pages].reshape(batch, capacity, *v_cache.shape[2:])
-    elif cache_batch_idx is not None:
-        keys, values = k_cache[cache_batch_idx.long()], v_cache[cache_batch_idx.long()]
-    else:
-        keys, values = k_cache[:batch], v_cache[:batch]
-    keys = keys.reshape(batch * capacity, *keys.shape[2:])  # a view where the cache's strides allow it
-    values = values.reshape(batch * capacity, *values.shape[2:])
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    q, k_cache, v_cache = _padded_to_kernel_head_dim(q, k_cache, v_cache)
+    out, lse = run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_right,
+                           _checks.kernel_softcap(softcap), alibi_slopes, used, cache_leftpad, cache_batch_idx,
+                           block_table, num_splits)
+    out = out[..., :head_dim]
+    return (out, lse) if return_softmax_lse else out
 
-    starts = torch.arange(batch + 1, dtype=torch.int32, device=device) * capacity
-    if cache_leftpad is not None:
-        leftpad = cache_leftpad.to(torch.int32)
-        starts[:batch] += leftpad
-        used = used - leftpad
-    cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device) * seqlen_q
-    result = flash_attn_varlen_func(
-        q.reshape(batch * seqlen_q, nheads, head_dim), keys, values, cu_seqlens_q, starts, seqlen_q, capacity,
-        softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right), softcap=softcap,
-        alibi_slopes=alibi_slopes, return_attn_probs=return_softmax_lse, seqused_k=used)
-    if not return_softmax_lse:
-        return result.reshape(batch, seqlen_q, nheads, head_dim)
-    out, lse, _ = result
-    return (out.reshape(batch, seqlen_q, nheads, head_dim),
-            lse.reshape(nheads, batch, seqlen_q).transpose(0, 1).contiguous())
+
+def _padded_to_kernel_head_dim(q, k_cache, v_cache):
+    """q and the caches, zero-padded in the last dim to the next head dim
+    with a kernel: for head dims without one, copies of the whole caches."""
+    pad = _checks.kernel_head_dim(q.shape[-1]) - q.shape[-1]
+    if not pad:
+        return q, k_cache, v_cache
+    return tuple(F.pad(t, (0, pad)) for t in (q, k_cache, v_cache))
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """out as the result of an op without a backward: gradients through it
+    raise rather than being silently absent."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("flash_attn_varlen_func with block_table (paged KV) has no backward, "
+                                  "as in flash_attn")
+
+
+def paged_varlen_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k,
+                           softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs):
+    """flash_attn_varlen_func with block_table: q (total_q, nheads, headdim)
+    packed by cu_seqlens_q; k_pages, v_pages (num_pages, page_size, nheads_k,
+    headdim); sequence b's keys are its first cu_seqlens_k[b + 1] -
+    cu_seqlens_k[b] positions (seqused_k[b] when given) in the pages
+    block_table[b] names. Forward only, as in flash_attn.
+
+    The KV-cache kernels run it: each sequence's queries go to the end of a
+    (batch, max_seqlen_q) block of rows, so the masks' bottom-right
+    alignment is its own, and come back packed."""
+    _check_paged_varlen(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k)
+    total_q, nheads, head_dim = q.shape
+    batch = block_table.shape[0]
+    _check_kernels_take(q.dtype, head_dim, batch, nheads, alibi_slopes,
+                        [(t, name) for t, name in ((q, "q"), (k_pages, "k"), (v_pages, "v"),
+                                                   (block_table, "block_table"), (cu_seqlens_q, "cu_seqlens_q"),
+                                                   (cu_seqlens_k, "cu_seqlens_k"), (seqused_k, "seqused_k"),
+                                                   (alibi_slopes, "alibi_slopes")) if t is not None])
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    window_left, window_right = _checks.window_pair(window_size)
+    kernel_dim = _checks.kernel_head_dim(head_dim)
+    q, k_pages, v_pages = _padded_to_kernel_head_dim(q, k_pages, v_pages)
+    cu_q = cu_seqlens_q.long()
+    rows = torch.arange(total_q, device=q.device)
+    sequence = torch.searchsorted(cu_q[1:], rows, right=True).clamp_(max=batch - 1)  # of each packed row
+    lengths = cu_q[1:] - cu_q[:-1]
+    position = max_seqlen_q - lengths[sequence] + (rows - cu_q[sequence])  # in the sequence's padded rows
+    q_rows = q.new_zeros(batch, max_seqlen_q, nheads, kernel_dim)
+    q_rows[sequence, position] = q
+    keys = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    out_rows, lse_rows = run_kvcache(q_rows, k_pages, v_pages, softmax_scale, causal, window_left, window_right,
+                                     _checks.kernel_softcap(softcap), alibi_slopes, keys, None, None, block_table, 0)
+    out = out_rows[sequence, position, :, :head_dim]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
+        out = _ForwardOnly.apply(out, q, k_pages, v_pages)
+    if not return_attn_probs:
+        return out
+    lse = lse_rows[sequence, :, position].t().contiguous()  # (nheads, total_q)
+    return out, lse, None
+
+
+def _check_paged_varlen(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k):
+    for t, name in ((q, "q"), (k_pages, "k"), (v_pages, "v")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D (total_q, nheads, headdim), got shape {tuple(q.shape)}")
+    if k_pages.dim() != 4 or v_pages.shape != k_pages.shape:
+        raise ValueError("k and v must be paged caches of one shape (num_pages, page_size, nheads_k, headdim) "
+                         f"with block_table, got {tuple(k_pages.shape)} and {tuple(v_pages.shape)}")
+    if k_pages.shape[3] != q.shape[2] or k_pages.shape[2] == 0 or q.shape[1] % k_pages.shape[2] != 0:
+        raise ValueError(f"k {tuple(k_pages.shape)} must have q's head dim and a number of heads dividing q's "
+                         f"{q.shape[1]}")
+    for t, name in ((k_pages, "k"), (v_pages, "v")):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    _check_int32_vector(block_table, "block_table", None, q.device, dims=2)
+    batch = block_table.shape[0]
+    _check_int32_vector(cu_seqlens_q, "cu_seqlens_q", batch + 1, q.device)
+    _check_int32_vector(cu_seqlens_k, "cu_seqlens_k", batch + 1, q.device)
+    if seqused_k is not None:
+        _check_int32_vector(seqused_k, "seqused_k", batch, q.device)
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 1:
+        raise ValueError(f"max_seqlen_q must be an int >= 1, got {max_seqlen_q!r}")
 
 
 def _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
@@ -157,15 +229,12 @@ def _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
     v_cache[entries, rows] = v
 
 
-def _check_kernels_take(q, alibi_slopes, softcap, tensors):
-    """The kernels' own requirements, checked as the varlen forward checks
-    them, placement last: fp16 or bf16, a built head dim, ALiBi's shape, one
-    CUDA device."""
-    batch, _, nheads, head_dim = q.shape
-    if _checks._dtype_name(q.dtype) is None:
-        raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
-    variant = "scoremod" if (softcap > 0 or alibi_slopes is not None) else "plain"
-    _checks.check_head_dim(head_dim, q.dtype, _FWD_BUILT[variant], name="q", variant=variant)
+def _check_kernels_take(dtype, head_dim, batch, nheads, alibi_slopes, tensors):
+    """The kernels' own requirements: fp16 or bf16, a head dim whose KV-cache
+    kernel is built, ALiBi's shape, one CUDA device."""
+    if _checks._dtype_name(dtype) is None:
+        raise ValueError(f"q must be float16 or bfloat16, got {dtype}")
+    _checks.check_head_dim(head_dim, dtype, BUILT_KVCACHE_KERNELS, name="q", kind="KV-cache kernel")
     if alibi_slopes is not None:
         _checks.check_alibi_slopes(alibi_slopes, batch, nheads)
     _checks.check_devices(*zip(*tensors))

@@ -18,8 +18,9 @@ float32, computed here in PyTorch, in flash_attn's shapes: (batch, nheads,
 seqlen_q rounded up to 128), varlen (nheads, total_q + 128 * batch).
 
 ``fwd_kvcache`` runs flashtile.flash_attn_with_kvcache (paged caches
-included). Not built yet (issue 24, inference): ``varlen_fwd``'s paged KV
-(``block_table``), ``leftpad_k`` and ``num_splits > 1``, each a clear error.
+included), and ``varlen_fwd`` with ``block_table`` its kernels (forward
+only). Not built yet (issue 24, inference): ``varlen_fwd``'s ``leftpad_k``
+and ``num_splits > 1``, each a clear error.
 """
 
 from __future__ import annotations
@@ -213,7 +214,9 @@ def varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, b
     (total_k, nheads_k, headdim), softmax_lse (nheads, total_q)."""
     _no_generator(gen)
     if block_table is not None:
-        raise _not_built("paged KV (block_table)")
+        return _paged_forward(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
+                              alibi_slopes, max_seqlen_q, p_dropout, softmax_scale, is_causal, window_size_left,
+                              window_size_right, softcap, return_softmax)
     if leftpad_k is not None:
         raise _not_built("leftpad_k")
     if num_splits > 1:
@@ -221,6 +224,25 @@ def varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, b
     return _forward(q, k, v, out, alibi_slopes, p_dropout, softmax_scale, is_causal, window_size_left,
                     window_size_right, softcap, return_softmax,
                     (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bool(zero_tensors)))
+
+
+def _paged_forward(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table, alibi_slopes,
+                   max_seqlen_q, p_dropout, softmax_scale, is_causal, window_size_left, window_size_right, softcap,
+                   return_softmax):
+    """varlen_fwd with block_table: k, v paged caches (forward only)."""
+    from ..kvcache import paged_varlen_attention
+
+    if leftpad_k is not None:
+        raise _not_built("leftpad_k")
+    if p_dropout > 0 or return_softmax:
+        raise ValueError("p_dropout and return_softmax: not with block_table (paged KV has no dropout)")
+    result, lse, _ = paged_varlen_attention(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                            seqused_k, softmax_scale, is_causal,
+                                            (window_size_left, window_size_right), softcap, alibi_slopes, True)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return [result, lse, None, None]
 
 
 def bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, alibi_slopes, p_dropout, softmax_scale, is_causal,
