@@ -64,6 +64,10 @@ v and dout hold, during flashtile's forward and during its forward + backward
 table beside the bytes of one (b, s, h, d) tensor (each of q, k, v, out, dout,
 dq, dk, dv is one) and of the LSE; written to <results>-memory.csv next to the
 results file when there is one.
+
+Decoding (--decode; on by default for the full sweep): then
+benchmarks/bench_decode.py's sweep, a KV cache read one query a sequence,
+into <results>-decode.csv.
 """
 
 from __future__ import annotations
@@ -844,6 +848,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="after the sweep, peak memory of flashtile's (and SDPA flash's) forward + backward at "
                              "batch 1, seqlen 16k and 32k, hdim 128 and 64; default: on for the full sweep, "
                              "off for a narrowed or --quick run")
+    parser.add_argument("--decode", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the sweep, the decode benchmark (bench_decode.py: a KV cache, one query a "
+                             "sequence, bandwidth beside SDPA and the copy bandwidth) into CSV's name + "
+                             "-decode.csv; default: on for the full sweep, off for a narrowed or --quick run")
     parser.add_argument("--out", type=Path, metavar="CSV",
                         help="results file; default for the full sweep: <gpu>[-fp16].csv in $FLASHTILE_RESULTS_DIR "
                              "or else ~/flashtile-results (outside the checkout, which a run never dirties; "
@@ -867,6 +875,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         or args.directions != list(DIRECTION_FLOPS)
     )
     args.memory = not args.narrowed if args.memory is None else args.memory
+    args.decode = not args.narrowed if args.decode is None else args.decode
     args.hdims = args.hdims or list(HDIMS)
     args.seqlens = args.seqlens or list(QUICK_SEQLENS if args.quick else SEQLENS)
     args.causal = args.causal or list(CAUSALS)
@@ -1006,7 +1015,17 @@ def main(argv=None) -> int:
         print(f"wrote {png_path}")
     if args.memory:
         memory_run(args, meta, csv_path)
-    return 1 if sweep.failed else 0
+    decode_failed = False
+    if args.decode:
+        import bench_decode
+
+        decode_argv = ["--commit", meta["commit"]]
+        if csv_path:
+            decode_argv += ["--out", str(csv_path.with_name(csv_path.stem + "-decode.csv"))]
+        else:
+            decode_argv += ["--quick"]
+        decode_failed = bench_decode.main(decode_argv) != 0
+    return 1 if sweep.failed or decode_failed else 0
 
 
 if __name__ == "__main__":

@@ -106,14 +106,14 @@ def fa_rule_error(out, q, keys, values):
     return (out.float() - ref).abs().max().item(), bound
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="batch 1 and 64, contexts 4k and 64k; no CSV")
     parser.add_argument("--commit", help="commit for the CSV header when the tree has no git "
                                          "(default: git rev-parse HEAD, else 'unknown')")
     parser.add_argument("--out", type=Path, default=None,
                         help="results CSV (default $FLASHTILE_RESULTS_DIR or ~/flashtile-results, h200-decode.csv)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import flashtile
     from bench_attention import run_metadata  # the CSV's first line, as the main job's

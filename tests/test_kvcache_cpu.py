@@ -163,3 +163,45 @@ def test_bad_arguments_are_named(bad, match):
     k_cache, v_cache = torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32)
     with pytest.raises((ValueError, TypeError), match=match):
         kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, **bad)
+
+
+@pytest.fixture
+def debug_checks():
+    kvcache.set_debug_checks(True)
+    yield
+    kvcache.set_debug_checks(False)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(cache_seqlens=torch.tensor([3, 40], dtype=torch.int32)), r"cache_seqlens\[1\] = 40"),
+    (dict(cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32)), r"cache_seqlens\[0\] = -1"),
+    (dict(cache_leftpad=torch.tensor([0, 9], dtype=torch.int32)), r"cache_leftpad\[1\] = 9"),
+    (dict(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32)), r"cache_batch_idx\[1\] = 5"),
+    (dict(cache_batch_idx=torch.tensor([1, 1], dtype=torch.int32)), "two sequences append to one cache entry"),
+    (dict(paged=torch.tensor([[0, 1, 2], [3, 9, 4]], dtype=torch.int32),
+          cache_seqlens=torch.tensor([3, 20], dtype=torch.int32)), r"block_table\[1, 1\] = 9"),
+])
+def test_debug_checks_name_the_device_value(debug_checks, bad, match):
+    """With set_debug_checks(True), values only the device holds are read and
+    checked before the cache is written; the cache is left as it was."""
+    q = torch.randn(2, 1, 4, 32)
+    k_cache, v_cache = torch.randn(2, 40, 2, 32), torch.randn(2, 40, 2, 32)
+    kwargs = dict(cache_seqlens=torch.tensor([3, 7], dtype=torch.int32))
+    if "paged" in bad:
+        k_cache, v_cache = torch.randn(6, 16, 2, 32), torch.randn(6, 16, 2, 32)
+        kwargs["block_table"] = bad.pop("paged")
+    kwargs.update(bad)
+    k_new, v_new = torch.randn(2, 1, 2, 32), torch.randn(2, 1, 2, 32)
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match=match):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+    assert torch.equal(k_cache, before)
+
+
+def test_debug_checks_pass_good_values(debug_checks):
+    q = torch.randn(2, 1, 4, 32)
+    k_cache, v_cache = torch.randn(6, 16, 2, 32), torch.randn(6, 16, 2, 32)
+    table = torch.tensor([[0, 1, 2], [3, 5, -1]], dtype=torch.int32)  # the unused page slot is never read
+    out = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([40, 20], dtype=torch.int32),
+                                          block_table=table)
+    assert out.shape == q.shape

@@ -43,7 +43,21 @@ from . import _checks
 from .rotary import apply_rotary_emb
 from ._ops import BUILT_KVCACHE_KERNELS, run_kvcache
 
-__all__ = ["flash_attn_with_kvcache", "paged_varlen_attention"]
+__all__ = ["flash_attn_with_kvcache", "paged_varlen_attention", "set_debug_checks"]
+
+_debug_checks = False
+
+
+def set_debug_checks(enabled: bool) -> None:
+    """Opt-in checks of the values only the device holds: block_table's
+    entries, cache_seqlens against the cache's capacity, cache_leftpad and
+    cache_batch_idx. Each call then reads them on the host (a synchronization,
+    and a CUDA graph can no longer capture it) and raises ValueError naming
+    the argument, before the cache is written. Off by default: the kernels
+    clamp lengths, and a page index outside the pool is an out-of-bounds
+    read."""
+    global _debug_checks
+    _debug_checks = bool(enabled)
 
 
 def flash_attn_with_kvcache(
@@ -105,6 +119,9 @@ def flash_attn_with_kvcache(
         if k is not None:
             k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=seqlens)
 
+    if _debug_checks:
+        _check_device_values(k_cache, batch, seqlens, 0 if k is None else k.shape[1], capacity, cache_leftpad,
+                             cache_batch_idx, block_table)
     if k is not None:
         _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
         used = seqlens + k.shape[1]
@@ -156,6 +173,13 @@ def paged_varlen_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_se
     (batch, max_seqlen_q) block of rows, so the masks' bottom-right
     alignment is its own, and come back packed."""
     _check_paged_varlen(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k)
+    if _debug_checks:
+        lengths = (seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+        capacity = block_table.shape[1] * k_pages.shape[1]
+        for b, n in enumerate(lengths):
+            if not 0 <= n <= capacity:
+                raise ValueError(f"sequence {b} has {n} keys; its block_table row holds {capacity}")
+        _check_pages(block_table, lengths, k_pages.shape[1], k_pages.shape[0])
     total_q, nheads, head_dim = q.shape
     batch = block_table.shape[0]
     _check_kernels_take(q.dtype, head_dim, batch, nheads, alibi_slopes,
@@ -185,6 +209,39 @@ def paged_varlen_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_se
         return out
     lse = lse_rows[sequence, :, position].t().contiguous()  # (nheads, total_q)
     return out, lse, None
+
+
+def _check_device_values(k_cache, batch, seqlens, seqlen_new, capacity, cache_leftpad, cache_batch_idx,
+                         block_table):
+    """set_debug_checks(True)'s checks: reads the device's values."""
+    lengths = [capacity] * batch if seqlens is None else seqlens.tolist()
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= capacity - seqlen_new:
+            raise ValueError(f"cache_seqlens[{b}] = {n}: with {seqlen_new} new keys the cache holds at most "
+                             f"{capacity - seqlen_new} before them")
+    if cache_leftpad is not None:
+        for b, (pad, n) in enumerate(zip(cache_leftpad.tolist(), lengths)):
+            if not 0 <= pad <= n + seqlen_new:
+                raise ValueError(f"cache_leftpad[{b}] = {pad} is outside [0, {n + seqlen_new}] "
+                                 "(the sequence's keys)")
+    if cache_batch_idx is not None:
+        entries = cache_batch_idx.tolist()
+        for b, e in enumerate(entries):
+            if not 0 <= e < k_cache.shape[0]:
+                raise ValueError(f"cache_batch_idx[{b}] = {e} is outside the cache's {k_cache.shape[0]} entries")
+        if seqlen_new and len(set(entries)) != len(entries):
+            raise ValueError("cache_batch_idx: two sequences append to one cache entry")
+    if block_table is not None:
+        _check_pages(block_table, [n + seqlen_new for n in lengths], k_cache.shape[1], k_cache.shape[0])
+
+
+def _check_pages(block_table, lengths, page_size, num_pages):
+    """The pages that hold each sequence's first lengths[b] keys exist."""
+    table = block_table.tolist()
+    for b, n in enumerate(lengths):
+        for i, page in enumerate(table[b][:-(-n // page_size)]):
+            if not 0 <= page < num_pages:
+                raise ValueError(f"block_table[{b}, {i}] = {page} is outside the cache's {num_pages} pages")
 
 
 def _check_paged_varlen(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k):
