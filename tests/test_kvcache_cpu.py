@@ -205,3 +205,20 @@ def test_debug_checks_pass_good_values(debug_checks):
     out = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([40, 20], dtype=torch.int32),
                                           block_table=table)
     assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("index", range(40))
+def test_kvcache_fuzz_harness(index):
+    """The randomized KV-cache cases (fuzz_kvcache.py, whose fast tier runs on
+    the GPU) with the reference standing in for the kernels: the harness's
+    cache bookkeeping, NaN poisoning and references hold together."""
+    import fuzz_kvcache
+
+    built = {(d, dtype) for d in fuzz_kvcache.KERNEL_HEAD_DIMS for dtype in ("fp16", "bf16")}
+    case = fuzz_kvcache.draw_case(20261202 * 1_000_003 + index, built)
+    case.capacity = min(case.capacity, 300 if case.page_size is None else case.capacity)  # CPU time
+    if case.page_size is None:
+        case.seqlens = [min(n, case.capacity - case.seqlen_new) for n in case.seqlens]
+        if case.leftpad is not None:
+            case.leftpad = [min(p, n + case.seqlen_new) for p, n in zip(case.leftpad, case.seqlens)]
+    fuzz_kvcache.run_case(case, device="cpu")

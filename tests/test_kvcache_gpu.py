@@ -5,7 +5,10 @@ decode step captured in a CUDA graph, replayed with new cache_seqlens.
 test_kvcache_cpu.py checks the same bookkeeping without a GPU.
 """
 
+import dataclasses
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ if not torch.cuda.is_available():
 import flashtile
 from flashtile import _C, _checks
 from flashtile.rotary import apply_rotary_emb
+import fuzz_kvcache
 from kernel_names import cuda_kernel_names
 from reference import assert_close_fa_rule, attention_ref
 
@@ -294,3 +298,22 @@ def test_varlen_paged_kv(causal, page, d):
 
 def flashtile_kernel_dim(d):
     return _checks.kernel_head_dim(d)
+
+
+KVCACHE_FUZZ_SEED = int(os.environ.get("FLASHTILE_KVCACHE_FUZZ_SEED", "20261202"))
+KVCACHE_FUZZ_CASES = int(os.environ.get("FLASHTILE_KVCACHE_FUZZ_CASES", "80"))
+
+
+@pytest.mark.parametrize("index", range(KVCACHE_FUZZ_CASES))
+def test_kvcache_fuzz_case(index):
+    """The fast tier of fuzz_kvcache.py: every argument drawn jointly, against
+    float64 attention, NaN wherever no visible key is."""
+    built = fuzz_kvcache.built_kvcache()
+    if not built:
+        pytest.skip("no KV-cache kernel in this build")
+    case = fuzz_kvcache.draw_case(KVCACHE_FUZZ_SEED * 1_000_003 + index, built)
+    try:
+        fuzz_kvcache.run_case(case)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ncase: {json.dumps(dataclasses.asdict(case))}\n"
+                             f"rerun: python tests/fuzz_kvcache.py --replay {case.seed}") from None
