@@ -222,3 +222,30 @@ def test_kvcache_fuzz_harness(index):
         if case.leftpad is not None:
             case.leftpad = [min(p, n + case.seqlen_new) for p, n in zip(case.leftpad, case.seqlens)]
     fuzz_kvcache.run_case(case, device="cpu")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_paged_varlen_rows_and_alignment(causal):
+    """flash_attn_varlen_func's paged KV: each sequence's queries keep their
+    own bottom-right corner (sequences with fewer and more queries than
+    keys), and rows past cu_seqlens_q[-1] get out 0 and lse -inf."""
+    page, nheads, nheads_k, d = 4, 4, 2, 32
+    lens_q, lens_k = [3, 1, 9], [7, 0, 5]
+    k_pages = torch.randn(10, page, nheads_k, d)
+    v_pages = torch.randn(10, page, nheads_k, d)
+    table = torch.tensor([[4, 0, 7], [1, 2, 3], [9, 5, 8]], dtype=torch.int32)
+    total_q = sum(lens_q) + 2  # two rows outside every sequence
+    q = torch.randn(total_q, nheads, d)
+    cu_q = torch.tensor([0, 3, 4, 13], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 7, 12], dtype=torch.int32)
+    out, lse, _ = kvcache.paged_varlen_attention(q, k_pages, v_pages, table, cu_q, cu_k, max(lens_q), None, None,
+                                                 causal, (-1, -1), 0.0, None, True)
+    for b in range(3):
+        q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+        keys = k_pages[table[b].long()].reshape(-1, nheads_k, d)[:lens_k[b]]
+        values = v_pages[table[b].long()].reshape(-1, nheads_k, d)[:lens_k[b]]
+        want, want_lse = attention_ref(q[None, q0:q1], keys[None], values[None], causal=causal)
+        torch.testing.assert_close(out[q0:q1], want[0])
+        torch.testing.assert_close(lse[:, q0:q1], want_lse[0])
+    assert torch.equal(out[13:], torch.zeros_like(out[13:]))
+    assert torch.isneginf(lse[:, 13:]).all()

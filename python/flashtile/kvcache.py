@@ -170,7 +170,7 @@ def paged_varlen_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_se
     block_table[b] names. Forward only, as in flash_attn.
 
     The KV-cache kernels run it: each sequence's queries go to the end of a
-    (batch, max_seqlen_q) block of rows, so the masks' bottom-right
+    (batch, max_seqlen_q + 1) block of rows, so the masks' bottom-right
     alignment is its own, and come back packed."""
     _check_paged_varlen(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k)
     if _debug_checks:
@@ -195,19 +195,26 @@ def paged_varlen_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_se
     cu_q = cu_seqlens_q.long()
     rows = torch.arange(total_q, device=q.device)
     sequence = torch.searchsorted(cu_q[1:], rows, right=True).clamp_(max=batch - 1)  # of each packed row
-    lengths = cu_q[1:] - cu_q[:-1]
-    position = max_seqlen_q - lengths[sequence] + (rows - cu_q[sequence])  # in the sequence's padded rows
-    q_rows = q.new_zeros(batch, max_seqlen_q, nheads, kernel_dim)
+    lengths = (cu_q[1:] - cu_q[:-1]).clamp(0, max_seqlen_q)
+    offset = rows - cu_q[sequence]
+    # Row 0 of each sequence's block is a spare: rows outside every sequence
+    # (past cu_seqlens_q[-1]) go there, and get out 0 and lse -inf, where
+    # flash_attn leaves them unwritten. (A mask, not a filter: filtering
+    # would read the device's offsets on the host.)
+    inside = (offset >= 0) & (offset < lengths[sequence])
+    position = torch.where(inside, max_seqlen_q + 1 - lengths[sequence] + offset, 0)
+    q_rows = q.new_zeros(batch, max_seqlen_q + 1, nheads, kernel_dim)
     q_rows[sequence, position] = q
     keys = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     out_rows, lse_rows = run_kvcache(q_rows, k_pages, v_pages, softmax_scale, causal, window_left, window_right,
                                      _checks.kernel_softcap(softcap), alibi_slopes, keys, None, None, block_table, 0)
-    out = out_rows[sequence, position, :, :head_dim]
+    out = torch.where(inside[:, None, None], out_rows[sequence, position, :, :head_dim], 0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
         out = _ForwardOnly.apply(out, q, k_pages, v_pages)
     if not return_attn_probs:
         return out
-    lse = lse_rows[sequence, :, position].t().contiguous()  # (nheads, total_q)
+    lse = torch.where(inside[:, None], lse_rows[sequence, :, position], float("-inf"))
+    lse = lse.t().contiguous()  # (nheads, total_q)
     return out, lse, None
 
 
