@@ -5,13 +5,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "flashtile/head_dims.hpp"
 #include "flashtile/kvcache_params.hpp"
 #include "flashtile/kvcache_registry.hpp"
 #include "flashtile/layout_checks.hpp"
+#include "flashtile/sm90/device.hpp"
 #include "flashtile/status.hpp"
 
 namespace flashtile {
@@ -46,24 +46,10 @@ inline int pick_kvcache_splits(const KvCacheParams& p, int sm_count) {
   return best;
 }
 
-// The current device's SM count, queried once per device; 0 if it cannot be.
-inline int current_device_sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return (void)cudaGetLastError(), 0;
-  if (device < kMaxDevices && (sms = cached[device].load(std::memory_order_relaxed)) > 0) return sms;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return (void)cudaGetLastError(), 0;
-  }
-  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
-  return sms;
-}
-
 // params.num_splits, or the choice for the current GPU when it is 0.
 inline int resolve_kvcache_splits(const KvCacheParams& p) {
   if (p.num_splits > 0) return p.num_splits;
-  return pick_kvcache_splits(p, std::max(1, current_device_sm_count()));
+  return pick_kvcache_splits(p, std::max(1, sm90::multiprocessor_count()));  // (a query that works on any GPU)
 }
 
 // Bytes of workspace kvcache() needs for params (0 without a split).
