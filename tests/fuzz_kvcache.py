@@ -17,7 +17,7 @@ PyTorch's own error in the input dtype).
 
 The fast tier runs in the GPU suite (test_kvcache_gpu.py); the long tier:
 
-    python tests/fuzz_kvcache.py --cases 5000 --seed 1
+    python tests/fuzz_kvcache.py --cases 5000 --seed 1 --summary benchmarks/results/fuzz-kvcache.txt
 
 A failure prints its case; ``--replay SEED`` reruns it.
 """
@@ -37,6 +37,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fuzz import _provenance  # noqa: E402
 from reference import assert_close_fa_rule, attention_ref  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -246,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--replay", type=int, help="rerun the case of this seed and print it")
     parser.add_argument("--time-limit", type=float, default=0.0, help="seconds after which no case starts (0: none)")
+    parser.add_argument("--summary", help="write the summary here")
+    parser.add_argument("--commit", help="the commit the summary names (default: git's HEAD here)")
     args = parser.parse_args(argv)
     built = built_kvcache()
     if args.replay is not None:
@@ -265,10 +268,15 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - every failure is recorded with its case
             failures.append(f"FAILED seed {case.seed}: {type(exc).__name__}: {exc}\n"
                             f"{json.dumps(dataclasses.asdict(case))}\n{traceback.format_exc(limit=3)}")
-    print(f"cases: {ran} of {args.cases}  seed: {args.seed}  failures: {len(failures)}  "
-          f"seconds: {time.time() - start:.0f}")
-    for failure in failures:
-        print(failure)
+    lines = [f"# flashtile KV-cache fuzz (tests/fuzz_kvcache.py), long tier: {_provenance(args.commit)}",
+             "# command: python tests/fuzz_kvcache.py " + " ".join(sys.argv[1:] if argv is None else argv),
+             f"cases: {ran} of {args.cases}  seed: {args.seed}  failures: {len(failures)}  "
+             f"seconds: {time.time() - start:.0f}"]
+    text = "\n".join(lines + failures) + "\n"
+    print(text)
+    if args.summary:
+        with open(args.summary, "w") as f:
+            f.write(text)
     return 1 if failures else 0
 
 
