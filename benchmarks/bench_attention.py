@@ -120,7 +120,12 @@ GRAD_ONLY_IMPLS = ("flashtile_deterministic",)
 # flashtile_sm80: flashtile with its dispatch limited to the mma.sync kernels
 # (_C.limit_dispatch_arch), so that on an H100/H200 the wgmma path's gain over
 # them is measured in the same process.
-FLASHTILE_IMPLS = ("flashtile", *GRAD_ONLY_IMPLS, "flashtile_sm80")
+# flashtile_smem99, flashtile_smem163: the dispatch planned for a GPU with
+# that many KB of shared memory per block (_C.limit_smem_budget): the tiles
+# sm86/sm89/sm120 and the A100 run, timed here beside the default ones (the
+# build needs FLASHTILE_SMEM_BUDGETS, tests/README.md).
+SMEM_BUDGET_IMPLS = {"flashtile_smem99": 99, "flashtile_smem163": 163}
+FLASHTILE_IMPLS = ("flashtile", *GRAD_ONLY_IMPLS, "flashtile_sm80", *SMEM_BUDGET_IMPLS)
 # fa4: FlashAttention-4 (flash_attn.cute, the CuTe-DSL kernels), where it is
 # importable (../shared/device/stage-fa4.sh stages it on a host without
 # network); elsewhere its rows are skipped with the import error.
@@ -236,6 +241,8 @@ def impl_context(impl: str):
     backward alike), not each call."""
     if impl == "flashtile_sm80":
         return sm80_dispatch()
+    if impl in SMEM_BUDGET_IMPLS:
+        return smem_budget_dispatch(SMEM_BUDGET_IMPLS[impl])
     return sdpa_kernel(SDPA_BACKENDS[impl]) if impl in SDPA_BACKENDS else contextlib.nullcontext()
 
 
@@ -248,6 +255,17 @@ def sm80_dispatch():
         yield
     finally:
         _C.limit_dispatch_arch("sm90")
+
+
+@contextlib.contextmanager
+def smem_budget_dispatch(kb: int):
+    from flashtile import _C
+
+    _C.limit_smem_budget(kb)
+    try:
+        yield
+    finally:
+        _C.limit_smem_budget(227)
 
 
 def attempt(thunk):
@@ -678,6 +696,11 @@ class _PlainProgress:
         print(text, flush=True)
 
 
+def ratio_label(impl: str) -> str:
+    """A ratio column's name: sdpa_cudnn -> cudnn, flashtile_smem99 -> smem99."""
+    return impl.removeprefix("sdpa_").replace("flashtile_deterministic", "det").removeprefix("flashtile_")
+
+
 def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: list[str]) -> None:
     """Per direction: TFLOP/s per case and impl ("skip": could not run, "FAIL":
     wrong result), then flashtile's ratio to the SDPA FlashAttention-2 and cuDNN
@@ -685,7 +708,8 @@ def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: l
     cublas_bmm (forward-only, causal 0) is the same number in every table."""
     tflops = {(r["impl"], r["direction"], r["hdim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in sweep.rows}
     columns = [i for i in impls if i != "cublas_gemm"]
-    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "fa4", "flashtile_deterministic", "flashtile_sm80")
+    ratios = [b for b in ("sdpa_flash", "sdpa_cudnn", "fa4", "flashtile_deterministic", "flashtile_sm80",
+                          *SMEM_BUDGET_IMPLS)
               if "flashtile" in impls and b in impls]
     widths = [14] * len(columns) + [9] * len(ratios)
     for direction in directions:
@@ -695,8 +719,7 @@ def print_table(sweep: Sweep, cases: list[Case], impls: list[str], directions: l
         print(f"\n{direction} {direction_cases[0].dtype}, TFLOP/s ({DIRECTION_FLOPS[direction]:g} × forward FLOPs); "
               "flashtile ÷ SDPA, and ÷ its deterministic mode, at the right")
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6}" + "".join(f" {c:>14}" for c in columns)
-              + "".join(f" {'ft/' + b.removeprefix('sdpa_').replace('flashtile_deterministic', 'det'):>9}"
-                        for b in ratios))
+              + "".join(f" {'ft/' + ratio_label(b):>9}" for b in ratios))
         for c in direction_cases:
             value = {
                 i: tflops.get(("cublas_bmm", "fwd", c.hdim, 0, c.seqlen) if i == "cublas_bmm"

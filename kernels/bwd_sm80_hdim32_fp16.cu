@@ -6,6 +6,7 @@ namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 32, DType::kFp16, Variant::kPlain},
-    &sm80::run_bwd<32, cutlass::half_t, false>);
+    &sm80::run_bwd<32, cutlass::half_t, false>,
+    sm80::bwd_smem_needed<32, cutlass::half_t, SmemBudget::k227KB>());
 }  // namespace
 }  // namespace flashtile

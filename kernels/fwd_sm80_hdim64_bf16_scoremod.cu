@@ -6,6 +6,7 @@ namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 64, DType::kBf16, Variant::kScoreMod},
-    &sm80::run_fwd<64, cutlass::bfloat16_t, true>);
+    &sm80::run_fwd<64, cutlass::bfloat16_t, true>,
+    sm80::fwd_smem_needed<64, cutlass::bfloat16_t, SmemBudget::k227KB>());
 }  // namespace
 }  // namespace flashtile

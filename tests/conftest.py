@@ -1,5 +1,9 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the forced shared-memory budget:
+FLASHTILE_TEST_SMEM_BUDGET=99 (or 163) runs the whole suite on the tiles of
+GPUs with that much shared memory per block, on any GPU that has at least
+as much (tests/README.md)."""
 
+import os
 import zlib
 
 import pytest
@@ -13,3 +17,11 @@ def _seed_per_test(request):
     seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     return seed
+
+
+def pytest_configure(config):
+    budget = os.environ.get("FLASHTILE_TEST_SMEM_BUDGET")
+    if budget:
+        from flashtile import _C
+
+        _C.limit_smem_budget(int(budget))

@@ -2,6 +2,7 @@
 tests that check a dispatch decision: which tile or which kernel ran."""
 
 import contextlib
+import os
 import re
 
 import torch
@@ -30,6 +31,12 @@ def fwd_tile_of(names):
     raise AssertionError(f"no forward kernel among {names}")
 
 
+def forced_smem_budget():
+    """The KB of FLASHTILE_TEST_SMEM_BUDGET (conftest.py), or None."""
+    budget = os.environ.get("FLASHTILE_TEST_SMEM_BUDGET")
+    return int(budget) if budget else None
+
+
 @contextlib.contextmanager
 def sm80_kernels_only():
     """The dispatch limited to the sm80 (mma.sync) kernels, on any GPU: for
@@ -54,6 +61,8 @@ def require_sm90(direction):
     import pytest
 
     what = {"fwd": "forward", "bwd": "backward"}[direction]
+    if forced_smem_budget() is not None:
+        pytest.skip(f"FLASHTILE_TEST_SMEM_BUDGET={forced_smem_budget()} dispatches no wgmma {what}")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip(f"the wgmma {what} runs on compute capability 9.0, this GPU is "
                     f"{torch.cuda.get_device_capability()}")

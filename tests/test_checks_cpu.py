@@ -73,6 +73,28 @@ def test_built_kernels_well_formed():
     assert _ops.BUILT_KERNELS == tuple(table)
 
 
+def test_smem_budgets_cover_every_kernel():
+    """Each sm80-path kernel has a launcher within every shared-memory budget
+    the build was asked for (FLASHTILE_SMEM_BUDGETS), and one per budget at
+    most: generate.py's BUDGET_KERNELS and the C++ tile tables agree."""
+    launchers = _C.built_smem_budgets()
+    assert launchers, "no sm80 launcher in built_smem_budgets()"
+    by_key = {}
+    for direction, head_dim, dtype_name, variant, kb in launchers:
+        assert kb in (99, 163, 227), (direction, head_dim, dtype_name, variant, kb)
+        by_key.setdefault((direction, head_dim, dtype_name, variant), []).append(kb)
+    assert set(by_key) == {(d, hd, dn, v) for d, arch, hd, dn, v in _C.built_kernels() if arch == "sm80"}
+    for key, kbs in by_key.items():
+        assert len(set(kbs)) == len(kbs), f"{key}: two launchers for one budget: {kbs}"
+        for budget in _C.smem_budgets_built:
+            assert min(kbs) <= budget, f"{key}: no launcher within {budget} KB (built: {kbs})"
+
+
+def test_smem_budget_limit_is_checked():
+    with pytest.raises(ValueError, match="99, 163 or 227"):
+        _C.limit_smem_budget(100)
+
+
 def test_fwd_combos_reduces_table():
     table = [("fwd", "sm80", 128, "fp16", "plain"), ("fwd", "sm90", 128, "fp16", "plain"),
              ("bwd", "sm80", 64, "bf16", "plain"), ("fwd", "sm80", 64, "bf16", "plain"),

@@ -166,12 +166,14 @@ int main() {
   ok &= check({2, 300, 517, 8, 2, false}, direct);
   ok &= check({2, 517, 300, 8, 8, true}, direct);
 
-  // 2. Runtime dispatch: register the instantiation, then call flashtile::fwd,
-  // which looks the kernel up by (head dim, dtype).
+  // 2. Runtime dispatch: register the instantiation with the shared memory
+  // its kernels need, then call flashtile::fwd, which looks the kernel up by
+  // (head dim, dtype) and the GPU's shared memory per block.
   flashtile::KernelRegistry::instance().add_fwd(
       {flashtile::Direction::kFwd, flashtile::Arch::kSm80, kHeadDim, flashtile::DType::kBf16,
        flashtile::Variant::kPlain},
-      &flashtile::sm80::run_fwd<kHeadDim, Element>);
+      &flashtile::sm80::run_fwd<kHeadDim, Element>,
+      flashtile::sm80::fwd_smem_needed<kHeadDim, Element, flashtile::SmemBudget::k227KB>());
   auto dispatched = [](const flashtile::FwdParams& p) { return flashtile::fwd(p, 0); };
   ok &= check({1, 1024, 1024, 4, 1, true}, dispatched);
 

@@ -20,6 +20,7 @@
 #include "flashtile/layout_checks.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm90/device.hpp"
 #include "flashtile/sm90/fwd_support.hpp"
 #include "flashtile/status.hpp"
@@ -169,36 +170,55 @@ Variant variant_for(const Params& p) {
   return uses_score_mod(p) ? Variant::kScoreMod : Variant::kPlain;
 }
 
+// The shared memory per block the dispatch plans for: the current GPU's
+// (smem_budget.hpp), or less under the registry's test limit.
+inline SmemBudget dispatch_smem_budget(const KernelRegistry& registry) {
+  return std::min(device_smem_budget(), registry.smem_limit());
+}
+
+// The wgmma kernels are for the H100/H200 and need its 227 KB: they run where
+// the registry's limits allow them (registry.hpp) and the device is sm90.
+inline bool sm90_dispatch_allowed(const KernelRegistry& registry) {
+  return registry.arch_allowed(Arch::kSm90) && registry.smem_limit() == SmemBudget::k227KB &&
+         sm90::device_is_sm90();
+}
+
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma path's where one is built (registry.hpp: plain, some head
-// dims) and the registry's arch limit allows it, else the sm80 path's. Needs
-// params.workspace of bwd_workspace_bytes(params) bytes.
+// dims) and sm90_dispatch_allowed, else the sm80 path's, with the tiles for
+// the GPU's shared memory (the largest built budget within
+// dispatch_smem_budget). Needs params.workspace of bwd_workspace_bytes(params)
+// bytes.
 inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_bwd(p);
   if (ok != Status::kSuccess) return ok;
   const KernelRegistry& registry = KernelRegistry::instance();
   BwdLauncher launch = nullptr;
-  if (registry.arch_allowed(Arch::kSm90) && sm90::device_is_sm90()) {
+  if (sm90_dispatch_allowed(registry)) {
     launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
-  if (!launch) launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
+  if (!launch) {
+    launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p), dispatch_smem_budget(registry));
+  }
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
 }
 
 // Runs the forward registered for (head_dim, dtype, variant): on an sm90
-// device the wgmma/TMA path's where one is built, the registry's arch limit
-// allows it and its kernels take params (sm90/fwd_support.hpp: plain
-// attention, strides TMA can step), else the sm80 path's.
+// device the wgmma/TMA path's where one is built, sm90_dispatch_allowed and
+// its kernels take params (sm90/fwd_support.hpp: plain attention, strides TMA
+// can step), else the sm80 path's for the GPU's shared memory (as bwd).
 inline Status fwd(const FwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_fwd(p);
   if (ok != Status::kSuccess) return ok;
   const KernelRegistry& registry = KernelRegistry::instance();
   FwdLauncher launch = nullptr;
-  if (registry.arch_allowed(Arch::kSm90) && sm90::fwd_supports(p) && sm90::device_is_sm90()) {
+  if (sm90_dispatch_allowed(registry) && sm90::fwd_supports(p)) {
     launch = registry.find_fwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
-  if (!launch) launch = registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p));
+  if (!launch) {
+    launch = registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p), dispatch_smem_budget(registry));
+  }
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
 }

@@ -1,5 +1,6 @@
 // The dispatch table: one entry per compiled instantiation, keyed by
-// (direction, arch, head dim, dtype, variant). Each generated file in kernels/ adds its
+// (direction, arch, head dim, dtype, variant) and the shared memory per block
+// its kernels need (smem_budget.hpp). Each generated file in kernels/ adds its
 // launcher at static-initialization time; callers ask the table and turn a
 // miss into a "not built" error instead of guessing.
 #pragma once
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "flashtile/params.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/status.hpp"
 
 namespace flashtile {
@@ -53,30 +55,31 @@ class KernelRegistry {
     return registry;
   }
 
-  bool add_fwd(KernelKey key, FwdLauncher launch) {
-    fwd_.push_back({key, launch});
+  // `needs`: the shared memory per block the launcher's kernels use at most
+  // (sm80::fwd_smem_needed, sm80::bwd_smem_needed). One key may have a
+  // launcher per budget. Registered without one, a launcher is offered to
+  // every GPU, and its own check refuses one with too little
+  // (Status::kUnsupportedDevice).
+  bool add_fwd(KernelKey key, FwdLauncher launch, SmemBudget needs = SmemBudget::k99KB) {
+    fwd_.push_back({key, launch, needs});
     return true;
   }
 
-  FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype, Variant variant) const {
-    const KernelKey want{Direction::kFwd, arch, head_dim, dtype, variant};
-    for (const FwdEntry& e : fwd_) {
-      if (e.key == want) return e.launch;
-    }
-    return nullptr;
+  // The launcher of that key whose kernels need the most shared memory within
+  // `budget`; nullptr when none is built (or none fits).
+  FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype, Variant variant,
+                       SmemBudget budget = SmemBudget::k227KB) const {
+    return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget);
   }
 
-  bool add_bwd(KernelKey key, BwdLauncher launch) {
-    bwd_.push_back({key, launch});
+  bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs = SmemBudget::k99KB) {
+    bwd_.push_back({key, launch, needs});
     return true;
   }
 
-  BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype, Variant variant) const {
-    const KernelKey want{Direction::kBwd, arch, head_dim, dtype, variant};
-    for (const BwdEntry& e : bwd_) {
-      if (e.key == want) return e.launch;
-    }
-    return nullptr;
+  BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype, Variant variant,
+                       SmemBudget budget = SmemBudget::k227KB) const {
+    return find(bwd_, KernelKey{Direction::kBwd, arch, head_dim, dtype, variant}, budget);
   }
 
   // A dispatch limit for tests and benchmarks: with kSm80, callers skip the
@@ -85,10 +88,36 @@ class KernelRegistry {
   void limit_arch(Arch highest) { highest_arch_ = highest; }
   bool arch_allowed(Arch arch) const { return static_cast<int>(arch) <= static_cast<int>(highest_arch_); }
 
+  // A second limit for tests and benchmarks: dispatch as if the GPU offered
+  // at most `budget` of shared memory per block, so that an H100/H200 runs
+  // the tiles of the A100 (k163KB) or of 99 KB GPUs (and, below k227KB, no
+  // wgmma kernel). Process-wide; not for concurrent callers.
+  void limit_smem(SmemBudget budget) { smem_limit_ = budget; }
+  SmemBudget smem_limit() const { return smem_limit_; }
+
+  // Each key once, whatever budgets it was built for.
   std::vector<KernelKey> keys() const {
     std::vector<KernelKey> out;
-    for (const FwdEntry& e : fwd_) out.push_back(e.key);
-    for (const BwdEntry& e : bwd_) out.push_back(e.key);
+    auto add = [&out](const KernelKey& key) {
+      for (const KernelKey& k : out) {
+        if (k == key) return;
+      }
+      out.push_back(key);
+    };
+    for (const FwdEntry& e : fwd_) add(e.key);
+    for (const BwdEntry& e : bwd_) add(e.key);
+    return out;
+  }
+
+  // The budgets a key's launchers need, one entry per launcher.
+  std::vector<SmemBudget> budgets(const KernelKey& key) const {
+    std::vector<SmemBudget> out;
+    for (const FwdEntry& e : fwd_) {
+      if (e.key == key) out.push_back(e.needs);
+    }
+    for (const BwdEntry& e : bwd_) {
+      if (e.key == key) out.push_back(e.needs);
+    }
     return out;
   }
 
@@ -97,12 +126,24 @@ class KernelRegistry {
   struct Entry {
     KernelKey key;
     Launcher launch;
+    SmemBudget needs;
   };
   using FwdEntry = Entry<FwdLauncher>;
   using BwdEntry = Entry<BwdLauncher>;
+
+  template <class Launcher>
+  static Launcher find(const std::vector<Entry<Launcher>>& entries, const KernelKey& want, SmemBudget budget) {
+    const Entry<Launcher>* best = nullptr;
+    for (const Entry<Launcher>& e : entries) {
+      if (e.key == want && e.needs <= budget && (best == nullptr || best->needs < e.needs)) best = &e;
+    }
+    return best ? best->launch : nullptr;
+  }
+
   std::vector<FwdEntry> fwd_;
   std::vector<BwdEntry> bwd_;
   Arch highest_arch_ = Arch::kSm90;
+  SmemBudget smem_limit_ = SmemBudget::k227KB;
 };
 
 }  // namespace flashtile

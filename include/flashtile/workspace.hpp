@@ -75,8 +75,8 @@ constexpr int kBwdTailMaxBlockN = 128;
 
 // Key blocks the tail accumulator has room for: none unless the main kernel
 // may split its tail (fixed-length, no mask, dQ by atomics), and never more
-// than the grid's key blocks (counted in blocks of 64 keys, the smallest
-// kBlockN).
+// than the grid's key blocks counted in blocks of 64 keys (the 32-key blocks
+// of d256's 99 KB tiles may find too little room then, and not split).
 inline int bwd_dkv_tail_tasks(const BwdParams& p) {
   const bool no_mask = !p.causal && p.window_left < 0 && p.window_right < 0;
   if (p.deterministic || is_varlen(p) || !no_mask) return 0;

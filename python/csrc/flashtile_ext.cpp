@@ -8,6 +8,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -461,6 +462,42 @@ std::vector<std::tuple<std::string, std::string, int, std::string, std::string>>
   return out;
 }
 
+// (direction, head_dim, dtype, variant, KB) for each SM80-path launcher: the
+// shared memory per block its kernels need (smem_budget.hpp).
+std::vector<std::tuple<std::string, int, std::string, std::string, int>> built_smem_budgets() {
+  std::vector<std::tuple<std::string, int, std::string, std::string, int>> out;
+  const flashtile::KernelRegistry& registry = flashtile::KernelRegistry::instance();
+  for (const flashtile::KernelKey& key : registry.keys()) {
+    if (key.arch != flashtile::Arch::kSm80) continue;
+    for (flashtile::SmemBudget budget : registry.budgets(key)) {
+      out.emplace_back(flashtile::direction_name(key.direction), key.head_dim, flashtile::dtype_name(key.dtype),
+                       flashtile::variant_name(key.variant), flashtile::smem_budget_kb(budget));
+    }
+  }
+  return out;
+}
+
+// FLASHTILE_SMEM_BUDGETS of the build (CMakeLists.txt), as KB.
+std::vector<int> smem_budgets_built() {
+  std::vector<int> out;
+  const std::string csv = FLASHTILE_SMEM_BUDGETS_BUILT;
+  size_t begin = 0;
+  while (begin < csv.size()) {
+    const size_t end = std::min(csv.find(',', begin), csv.size());
+    out.push_back(std::stoi(csv.substr(begin, end - begin)));
+    begin = end + 1;
+  }
+  return out;
+}
+
+void limit_smem_budget(int kb) {
+  using flashtile::SmemBudget;
+  require(kb == 99 || kb == 163 || kb == 227, "limit_smem_budget takes 99, 163 or 227 (KB)");
+  flashtile::KernelRegistry::instance().limit_smem(kb == 99 ? SmemBudget::k99KB
+                                                   : kb == 163 ? SmemBudget::k163KB
+                                                               : SmemBudget::k227KB);
+}
+
 void limit_dispatch_arch(const std::string& highest) {
   require(highest == "sm80" || highest == "sm90", "limit_dispatch_arch takes \"sm80\" or \"sm90\"");
   flashtile::KernelRegistry::instance().limit_arch(highest == "sm80" ? flashtile::Arch::kSm80
@@ -533,6 +570,14 @@ NB_MODULE(_C, m) {
         "Tests and benchmarks only: \"sm80\" makes every call run the sm80 (mma.sync) path's "
         "kernels, even where an sm90 (wgmma) kernel is built and the GPU runs it; \"sm90\" (the "
         "default) lifts the limit. Process-wide.");
+  m.def("limit_smem_budget", &limit_smem_budget, nb::arg("kb"),
+        "Tests and benchmarks only: dispatch as if the GPU offered at most kb KB of shared memory "
+        "per block (99: sm86/sm89/sm120, 163: A100), running the sm80 path's tiles for that budget "
+        "and no sm90 kernel; 227 (the default) lifts the limit. Process-wide.");
+  m.def("built_smem_budgets", &built_smem_budgets,
+        "(direction, head_dim, dtype, variant, kb) for each sm80-path instantiation: the shared memory "
+        "per block its kernels need.");
+  m.attr("smem_budgets_built") = nb::cast(smem_budgets_built());
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -691,6 +692,19 @@ void check_sm90_fwd_support() {
   expect(!flashtile::sm90::fwd_supports(q), config, "a row stride past TMA's 2^40 bytes");
 }
 
+// Every tile of one head dim's SM80 backward for a shared-memory budget (no
+// mask, causal and local, and the deterministic mode's dQ kernel) within
+// that budget and passing check_bwd_config.
+template <int kD, flashtile::SmemBudget kBudget>
+void check_bwd_budget(const char* name) {
+  using Main = flashtile::sm80::BwdTraitsFor<kD, cutlass::bfloat16_t, kBudget>;
+  const int limit = flashtile::smem_budget_bytes(kBudget);
+  check_bwd_config<typename Main::template type<false>>((std::string(name) + " no mask").c_str(), limit);
+  check_bwd_config<typename Main::template type<true>>((std::string(name) + " causal").c_str(), limit);
+  check_bwd_config<flashtile::sm80::BwdDqTraitsFor<kD, cutlass::bfloat16_t, kBudget>, true>(
+      (std::string(name) + " dq-kernel").c_str(), limit);
+}
+
 }  // namespace
 
 int main() {
@@ -732,6 +746,18 @@ int main() {
   check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdDqConfig<192>>, true>("bwd dq-kernel d192");
   check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdDqConfig<256>>, true>("bwd dq-kernel d256",
                                                                                 kSmemLimitSm90Bytes);
+  using flashtile::SmemBudget;
+  check_fwd_config<FwdTraitsFor<256, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d256 99 KB");
+  check_bwd_budget<32, SmemBudget::k99KB>("bwd d32 99 KB");
+  check_bwd_budget<64, SmemBudget::k99KB>("bwd d64 99 KB");
+  check_bwd_budget<96, SmemBudget::k99KB>("bwd d96 99 KB");
+  check_bwd_budget<128, SmemBudget::k99KB>("bwd d128 99 KB");
+  check_bwd_budget<192, SmemBudget::k99KB>("bwd d192 99 KB");
+  check_bwd_budget<256, SmemBudget::k99KB>("bwd d256 99 KB");
+  check_bwd_budget<64, SmemBudget::k163KB>("bwd d64 163 KB");
+  check_bwd_budget<128, SmemBudget::k163KB>("bwd d128 163 KB");
+  check_bwd_budget<192, SmemBudget::k163KB>("bwd d192 163 KB");
+  check_bwd_budget<256, SmemBudget::k163KB>("bwd d256 163 KB");
   check_tile_schedule();
   check_varlen_layout();
   check_sm90_fwd_support();
@@ -750,6 +776,12 @@ int main() {
   check_block_mask<MaskKind::kLocal, 128, 128>("mask local 128x128 (forward d32)");
   check_block_mask<MaskKind::kCausal, 64, 64>("mask causal 64x64 (dQ kernel)");
   check_block_mask<MaskKind::kLocal, 64, 64>("mask local 64x64 (dQ kernel, d192/256)");
+  check_block_mask<MaskKind::kCausal, 32, 64>("mask causal 32x64 (d192 99 KB, d256 163 KB)");
+  check_block_mask<MaskKind::kLocal, 32, 64>("mask local 32x64");
+  check_block_mask<MaskKind::kCausal, 32, 32>("mask causal 32x32 (d256 99 KB)");
+  check_block_mask<MaskKind::kLocal, 32, 32>("mask local 32x32");
+  check_block_mask<MaskKind::kCausal, 64, 32>("mask causal 64x32 (dQ kernel, d128 99 KB, d256 163 KB)");
+  check_block_mask<MaskKind::kLocal, 64, 32>("mask local 64x32");
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -11,9 +11,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "flashtile/params.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm80/bwd_aux_kernels.hpp"
 #include "flashtile/sm80/bwd_dq_kernel.hpp"
 #include "flashtile/sm80/bwd_kernel.hpp"
@@ -117,9 +120,17 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(std::is_same_v<Element, typename DqTraits::Element> && kHeadDim == DqTraits::kHeadDim);
-  // can_implement_bwd bounds the 1-D grids counting blocks of 64 rows.
-  static_assert(Traits::kBlockN % 64 == 0 && DqTraits::kBlockM % 64 == 0);
   if (!kScoreMod && uses_score_mod(params_in)) return Status::kInvalidArgument;
+  // can_implement_bwd bounds the 1-D grids counting blocks of 64 rows; the
+  // small-budget tiles' blocks of 32 can make twice as many.
+  if constexpr (std::min({Traits::kBlockM, Traits::kBlockN, DqTraits::kBlockM}) < 64) {
+    const int64_t key_blocks = int64_t(ceil_div(params_in.seqlen_k, Traits::kBlockN)) * params_in.nheads_k;
+    const int64_t query_blocks =
+        int64_t(ceil_div(params_in.seqlen_q, std::min(Traits::kBlockM, DqTraits::kBlockM))) * params_in.nheads;
+    if (std::max(key_blocks, query_blocks) * params_in.batch > std::numeric_limits<int>::max()) {
+      return Status::kInvalidArgument;
+    }
+  }
   BwdParams params = params_in;  // with causal folded into the window
   if (resolve_mask(params.causal, params.window_left, params.window_right) != kMask) return Status::kInvalidArgument;
   // sm86, sm89 and sm120 offer 99 KB per block, sm80 163 KB; checked here
@@ -186,13 +197,25 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
-// The main kernel's traits for each mask of one (head dim, dtype): no mask
-// uses BwdConfig<kHeadDim, false>, causal and local BwdConfig<kHeadDim, true>.
-template <int kHeadDim, class Element>
+// The main kernel's traits for each mask of one (head dim, dtype, budget):
+// no mask uses BwdBudgetConfig<kHeadDim, false, kBudget>, causal and local
+// BwdBudgetConfig<kHeadDim, true, kBudget>.
+template <int kHeadDim, class Element, SmemBudget kBudget = SmemBudget::k227KB>
 struct BwdTraitsFor {
   template <bool kIsCausal>
-  using type = BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, kIsCausal>>;
+  using type = BwdTraits<kHeadDim, Element, BwdBudgetConfig<kHeadDim, kIsCausal, kBudget>>;
 };
+template <int kHeadDim, class Element, SmemBudget kBudget = SmemBudget::k227KB>
+using BwdDqTraitsFor = BwdTraits<kHeadDim, Element, BwdDqBudgetConfig<kHeadDim, kBudget>>;
+
+// The budget run_bwd<kHeadDim, Element, kScoreMod, kBudget>'s kernels need:
+// the largest of its main kernels' and its dQ kernel's shared memory.
+template <int kHeadDim, class Element, SmemBudget kBudget>
+constexpr SmemBudget bwd_smem_needed() {
+  using Main = BwdTraitsFor<kHeadDim, Element, kBudget>;
+  return smem_budget_holding(std::max({Main::template type<false>::kSmemBytes, Main::template type<true>::kSmemBytes,
+                                       BwdDqTraitsFor<kHeadDim, Element, kBudget>::kSmemDqBytes}));
+}
 
 // run_bwd_with for the mask that params ask for, with MainTraits<kIsCausal>
 // (as BwdTraitsFor) for the main kernel.
@@ -212,11 +235,13 @@ Status run_bwd_for_mask(const BwdParams& params, cudaStream_t stream) {
 // Entry point a generated kernels/ file instantiates and registers. Assumes
 // can_implement_bwd(params) passed. kScoreMod: the kernels that apply
 // softcap, ALiBi and dropout (common/score_mod.hpp, common/dropout.hpp); the
-// others refuse params that ask for any of them.
-template <int kHeadDim, class Element, bool kScoreMod = false>
+// others refuse params that ask for any of them. kBudget: the tiles for that
+// much shared memory per block (BwdBudgetConfig, BwdDqBudgetConfig).
+template <int kHeadDim, class Element, bool kScoreMod = false, SmemBudget kBudget = SmemBudget::k227KB>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
-  return run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
-                          BwdTraits<kHeadDim, Element, BwdDqConfig<kHeadDim>>, kScoreMod>(params, stream);
+  static_assert(bwd_smem_needed<kHeadDim, Element, kBudget>() <= kBudget, "BwdBudgetConfig exceeds its budget");
+  return run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element, kBudget>::template type,
+                          BwdDqTraitsFor<kHeadDim, Element, kBudget>, kScoreMod>(params, stream);
 }
 
 }  // namespace flashtile::sm80

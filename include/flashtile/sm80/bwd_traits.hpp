@@ -16,6 +16,7 @@
 
 #include <type_traits>
 
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm80/smem_layout.hpp"
 
 namespace flashtile::sm80 {
@@ -111,6 +112,80 @@ struct BwdDqConfig {
   static constexpr bool kRowsInRegs = false;       // and stages LSE and D in shared memory
 };
 
+// The tiles for a shared-memory budget (smem_budget.hpp): BwdConfig's and
+// BwdDqConfig's where they fit, smaller ones where they do not. Shared memory
+// per block in KB, main kernel (no mask / causal) and the dQ kernel:
+//   head dim  227 KB (the defaults)     163 KB             99 KB
+//   32        114, dQ 32.5              as 227             64 x 128: 65
+//   64        162, dQ 56.5              as 227             64 x 128: 97
+//   96        116 / 129, dQ 80.5        as 227             128 -> 64 keys: 76 / 89
+//   128       161, dQ 104.5             as 227             64 x 64, one dO buffer: 97; dQ 64 x 32: 68.5
+//   192       137 / 161, dQ 152.5       as 227             32 x 64, one dO buffer: 92.5; dQ 32 x 32: 74.3
+//   256       209, dQ 200.5             32 x 64: 136.5;    32 x 32, 4 warps, one dO buffer: 84.5;
+//                                       dQ 64 x 32: 132.5  dQ 32 x 32, 4 warps: 98.3
+// Each keeps its head dim's warp layouts where they tile the smaller block.
+// Chosen to fit; not yet timed.
+template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
+struct BwdBudgetConfig : BwdConfig<kHeadDim, kIsCausal> {};
+template <bool kIsCausal>
+struct BwdBudgetConfig<32, kIsCausal, SmemBudget::k99KB> : BwdConfig<32, kIsCausal> {
+  static constexpr int kBlockM = 64;
+};
+template <bool kIsCausal>
+struct BwdBudgetConfig<64, kIsCausal, SmemBudget::k99KB> : BwdConfig<64, kIsCausal> {
+  static constexpr int kBlockM = 64;
+};
+template <bool kIsCausal>
+struct BwdBudgetConfig<96, kIsCausal, SmemBudget::k99KB> : BwdConfig<96, kIsCausal> {
+  static constexpr int kBlockN = 64;
+};
+template <bool kIsCausal>
+struct BwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB> : BwdConfig<128, kIsCausal> {
+  static constexpr int kBlockN = 64;
+  static constexpr bool kSingleBufferDo = true;
+};
+template <bool kIsCausal>
+struct BwdBudgetConfig<192, kIsCausal, SmemBudget::k99KB> : BwdConfig<192, kIsCausal> {
+  static constexpr int kBlockM = 32;
+  static constexpr int kAtomMSdP = 2;
+  static constexpr bool kSingleBufferDo = true;
+};
+template <bool kIsCausal>
+struct BwdBudgetConfig<256, kIsCausal, SmemBudget::k163KB> : BwdConfig<256, kIsCausal> {
+  static constexpr int kBlockM = 32;
+  static constexpr int kAtomMSdP = 2;
+};
+template <bool kIsCausal>
+struct BwdBudgetConfig<256, kIsCausal, SmemBudget::k99KB> {
+  static constexpr int kBlockM = 32, kBlockN = 32, kNWarps = 4;
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 2, kAtomMdQ = 2;
+  static constexpr bool kSingleBufferDo = true;
+  static constexpr bool kVInRegs = false;
+  static constexpr bool kRowsInRegs = false;
+};
+
+template <int kHeadDim, SmemBudget kBudget>
+struct BwdDqBudgetConfig : BwdDqConfig<kHeadDim> {};
+template <>
+struct BwdDqBudgetConfig<128, SmemBudget::k99KB> : BwdDqConfig<128> {
+  static constexpr int kBlockN = 32;
+  static constexpr int kAtomMSdP = 4, kAtomNdKV = 2;
+};
+template <int kHeadDim>
+struct BwdDqSmallConfig : BwdDqConfig<kHeadDim> {
+  static constexpr int kBlockM = 32, kBlockN = 32, kNWarps = 4;
+  static constexpr int kAtomMSdP = 2, kAtomNdKV = 2, kAtomMdQ = 2;
+};
+template <>
+struct BwdDqBudgetConfig<192, SmemBudget::k99KB> : BwdDqSmallConfig<192> {};
+template <>
+struct BwdDqBudgetConfig<256, SmemBudget::k99KB> : BwdDqSmallConfig<256> {};
+template <>
+struct BwdDqBudgetConfig<256, SmemBudget::k163KB> : BwdDqConfig<256> {
+  static constexpr int kBlockN = 32;
+  static constexpr int kAtomMSdP = 4, kAtomNdKV = 2;
+};
+
 template <int kHeadDim_, class Element_, class Config_>
 struct BwdTraits {
   using Config = Config_;
@@ -123,7 +198,7 @@ struct BwdTraits {
   static constexpr int kNWarps = Config::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr bool kWgmma = false;  // mma.sync products (sm90/bwd_traits.hpp: wgmma)
-  static_assert(kHeadDim % 32 == 0 && kBlockN % 64 == 0, "swizzle atoms tile whole rows (smem_layout.hpp)");
+  static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0, "swizzle atoms tile whole rows (smem_layout.hpp)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
                                      MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,

@@ -6,7 +6,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "flashtile/params.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm80/attn_probs_kernel.hpp"
 #include "flashtile/sm80/device.hpp"
 #include "flashtile/sm80/fwd_kernel.hpp"
@@ -23,7 +26,8 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
                                    : &fwd_kernel<Traits, kMask, kScoreMod, false>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if constexpr (kSmemBytes > 99 * 1024) {
-    // Head dim 256's 128 KB: more than sm86, sm89 and sm120 offer.
+    // Head dim 256's 128 KB without a mask: more than sm86, sm89 and sm120
+    // offer (their dispatch takes run_fwd's k99KB instantiation).
     const Status fits = check_smem_per_block(kSmemBytes);
     if (fits != Status::kSuccess) return fits;
   }
@@ -39,13 +43,27 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }
 
+// The budget run_fwd<kHeadDim, Element, kScoreMod, kBudget>'s kernels need:
+// the largest of its tiles' shared memory.
+template <int kHeadDim, class Element, SmemBudget kBudget>
+constexpr SmemBudget fwd_smem_needed() {
+  int bytes = std::max(FwdTraitsFor<kHeadDim, false, Element, kBudget>::kSmemBytes,
+                       FwdTraitsFor<kHeadDim, true, Element, kBudget>::kSmemBytes);
+  if constexpr (FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
+    bytes = std::max(bytes, FwdShortTraitsFor<kHeadDim, Element>::kSmemBytes);
+  }
+  return smem_budget_holding(bytes);
+}
+
 // Entry point a generated kernels/ file instantiates and registers. Assumes
 // can_implement_fwd(params) passed. kScoreMod: the kernels that apply
 // softcap, ALiBi and dropout (params' choice, common/score_mod.hpp and
 // common/dropout.hpp) and write the testing-only attn_probs; the others
-// refuse params that ask for any of them.
-template <int kHeadDim, class Element, bool kScoreMod = false>
+// refuse params that ask for any of them. kBudget: the tiles for that much
+// shared memory per block (FwdBudgetConfig).
+template <int kHeadDim, class Element, bool kScoreMod = false, SmemBudget kBudget = SmemBudget::k227KB>
 Status run_fwd(const FwdParams& params, cudaStream_t stream) {
+  static_assert(fwd_smem_needed<kHeadDim, Element, kBudget>() <= kBudget, "FwdBudgetConfig exceeds its budget");
   if (!kScoreMod && uses_score_mod(params)) return Status::kInvalidArgument;
   FwdParams p = params;  // with causal folded into the window
   Status status;
@@ -57,13 +75,13 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
           break;
         }
       }
-      status = launch_fwd<FwdTraitsFor<kHeadDim, false, Element>, MaskKind::kNone, kScoreMod>(p, stream);
+      status = launch_fwd<FwdTraitsFor<kHeadDim, false, Element, kBudget>, MaskKind::kNone, kScoreMod>(p, stream);
       break;
     case MaskKind::kCausal:
-      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kCausal, kScoreMod>(p, stream);
+      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element, kBudget>, MaskKind::kCausal, kScoreMod>(p, stream);
       break;
     default:  // windows: the causal tiles (short rows)
-      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element>, MaskKind::kLocal, kScoreMod>(p, stream);
+      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element, kBudget>, MaskKind::kLocal, kScoreMod>(p, stream);
       break;
   }
   if constexpr (kScoreMod) {

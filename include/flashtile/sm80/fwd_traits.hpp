@@ -1,8 +1,8 @@
 // Tile configuration of the SM80 forward kernel: block shape, warps,
 // shared-memory layouts and swizzles, the TiledMMA and every copy atom, all
-// as types. FwdConfig maps a head dim and mask to its shape; FwdShortConfig
-// gives the plain kernel without a mask a second shape for short key
-// sequences.
+// as types. FwdConfig maps a head dim and mask to its shape, FwdBudgetConfig
+// that shape to one within a shared-memory budget; FwdShortConfig gives the
+// plain kernel without a mask a second shape for short key sequences.
 #pragma once
 
 #include <cute/algorithm/copy.hpp>
@@ -13,6 +13,7 @@
 
 #include <type_traits>
 
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm80/smem_layout.hpp"
 
 namespace flashtile::sm80 {
@@ -93,6 +94,14 @@ struct FwdShortConfig<64> {
   static constexpr int kMaxSeqlenK = 2048;
 };
 
+// The tiles for a shared-memory budget (smem_budget.hpp): FwdConfig's where
+// they fit, which is everywhere but d256 without a mask (128 KB) in 99 KB;
+// that takes the causal 64 × 64 tile (96 KB).
+template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
+struct FwdBudgetConfig : FwdConfig<kHeadDim, kIsCausal> {};
+template <>
+struct FwdBudgetConfig<256, false, SmemBudget::k99KB> : FwdConfig<256, true> {};
+
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
 struct FwdTraits {
   using Element = Element_;
@@ -137,9 +146,10 @@ struct FwdTraits {
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
-template <int kHeadDim, bool kIsCausal, class Element>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, kIsCausal>::kBlockM, FwdConfig<kHeadDim, kIsCausal>::kBlockN,
-                               FwdConfig<kHeadDim, kIsCausal>::kNWarps, Element>;
+template <int kHeadDim, bool kIsCausal, class Element, SmemBudget kBudget = SmemBudget::k227KB>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdBudgetConfig<kHeadDim, kIsCausal, kBudget>::kBlockM,
+                               FwdBudgetConfig<kHeadDim, kIsCausal, kBudget>::kBlockN,
+                               FwdBudgetConfig<kHeadDim, kIsCausal, kBudget>::kNWarps, Element>;
 template <int kHeadDim, class Element>
 using FwdShortTraitsFor = FwdTraits<kHeadDim, FwdShortConfig<kHeadDim>::kBlockM, FwdShortConfig<kHeadDim>::kBlockN,
                                     FwdShortConfig<kHeadDim>::kNWarps, Element>;
