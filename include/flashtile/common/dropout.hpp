@@ -146,24 +146,29 @@ struct Dropout {
   // 4·(m + MMA_M·n) + v. Atoms four at a time: lane l of the quad runs the
   // Philox call of the group's l-th atom, then for each distance d it sends
   // the word that lane l ^ d needs and receives its own word of atom l ^ d.
-  // The loop over groups is not unrolled: unrolled, the calls made the
-  // backward's query-block body too large to inline (3.9 KB of stack at
+  // A fragment of two atoms (the small-budget tiles, sm80/bwd_traits.hpp)
+  // takes them two at a time: lanes l and l + 2 both run atom l % 2's call,
+  // and each lane keeps the word it receives for atom peer % 2 (twice, the
+  // same). The loop over groups is not unrolled: unrolled, the calls made
+  // the backward's query-block body too large to inline (3.9 KB of stack at
   // d128, the accumulators in local memory).
   template <int kPhiloxUnroll = 10, class Coords>
   CUTE_DEVICE KeepBits<Coords> keep_bits(Coords const& coords, int row0, int col0, int head) const {
     static_assert(decltype(size<0>(coords))::value == 4, "m16n8 accumulator atoms");
     constexpr int kM = decltype(size<1>(coords))::value;
     constexpr int kAtoms = kM * decltype(size<2>(coords))::value;
-    static_assert(kAtoms % 4 == 0, "whole groups of four atoms");
+    constexpr int kGroup = kAtoms % 4 == 0 ? 4 : 2;  // atoms per group of quad calls
+    static_assert(kAtoms % kGroup == 0, "whole groups of two or four atoms");
+    constexpr int kGroupsPerWord = 8 / kGroup;       // eight atoms per word of bits
     const int quad_lane = int(threadIdx.x) % 4;
     KeepBits<Coords> bits;
     CUTE_UNROLL
-    for (int w = 0; w < int(bits.size()); ++w) {  // eight atoms per word of bits
+    for (int w = 0; w < int(bits.size()); ++w) {
       uint32_t word_bits = 0;
 #pragma unroll 1
-      for (int group = 2 * w; group < 2 * w + 2 && 4 * group < kAtoms; ++group) {
-        const int atom = 4 * group + quad_lane;               // the call this lane runs
-        const auto first = coords(0, atom % kM, atom / kM);   // this lane's first score in that atom
+      for (int group = kGroupsPerWord * w; group < kGroupsPerWord * (w + 1) && kGroup * group < kAtoms; ++group) {
+        const int atom = kGroup * group + quad_lane % kGroup;  // the call this lane runs
+        const auto first = coords(0, atom % kM, atom / kM);    // this lane's first score in that atom
         uint32_t words[4];
         dropout_words<kPhiloxUnroll>(key, row0 + get<0>(first), col0 + get<1>(first) - 2 * quad_lane, head, batch,
                                      words);
@@ -172,10 +177,11 @@ struct Dropout {
         for (int d = 0; d < 4; ++d) {
           const int peer = quad_lane ^ d;  // sends to and receives from quad lane `peer`
           const uint32_t send = (peer & 2) ? ((peer & 1) ? words[3] : words[2]) : ((peer & 1) ? words[1] : words[0]);
-          const uint32_t mine = d == 0 ? send : __shfl_xor_sync(0xffffffffu, send, d);  // my word of atom 4·group + peer
-          group_bits |= dropout_keep_nibble(mine, keep_threshold) << (4 * peer);
+          // my word of atom kGroup·group + peer % kGroup
+          const uint32_t mine = d == 0 ? send : __shfl_xor_sync(0xffffffffu, send, d);
+          group_bits |= dropout_keep_nibble(mine, keep_threshold) << (4 * (peer % kGroup));
         }
-        word_bits |= group_bits << (16 * (group - 2 * w));
+        word_bits |= group_bits << (4 * kGroup * (group - kGroupsPerWord * w));
       }
       bits[w] = word_bits;
     }
