@@ -89,7 +89,7 @@ namespace flashtile {{
 namespace {{
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {{Direction::kBwd, Arch::kSm90, {hdim}, DType::{dtype_enum}, Variant::kPlain}},
-    &sm90::run_bwd<{hdim}, {cpp_type}>);
+    &sm90::run_bwd<{hdim}, {cpp_type}>, SmemBudget::k227KB);
 }}  // namespace
 }}  // namespace flashtile
 """
@@ -104,7 +104,7 @@ namespace flashtile {{
 namespace {{
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {{Direction::kFwd, Arch::kSm90, {hdim}, DType::{dtype_enum}, Variant::kPlain}},
-    &sm90::run_fwd<{hdim}, {cpp_type}>);
+    &sm90::run_fwd<{hdim}, {cpp_type}>, SmemBudget::k227KB);
 }}  // namespace
 }}  // namespace flashtile
 """

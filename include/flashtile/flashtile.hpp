@@ -183,6 +183,13 @@ inline bool sm90_dispatch_allowed(const KernelRegistry& registry) {
          sm90::device_is_sm90();
 }
 
+// No launcher within the GPU's budget: kUnsupportedDevice when the build has
+// one for a larger budget (FLASHTILE_SMEM_BUDGETS left this GPU's out), else
+// kNotBuilt.
+inline Status not_found(bool built_for_larger_budget) {
+  return built_for_larger_budget ? Status::kUnsupportedDevice : Status::kNotBuilt;
+}
+
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma path's where one is built (registry.hpp: plain, some head
 // dims) and sm90_dispatch_allowed, else the sm80 path's, with the tiles for
@@ -200,7 +207,7 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   if (!launch) {
     launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p), dispatch_smem_budget(registry));
   }
-  if (!launch) return Status::kNotBuilt;
+  if (!launch) return not_found(registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p)) != nullptr);
   return launch(p, stream);
 }
 
@@ -219,7 +226,7 @@ inline Status fwd(const FwdParams& p, cudaStream_t stream) {
   if (!launch) {
     launch = registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p), dispatch_smem_budget(registry));
   }
-  if (!launch) return Status::kNotBuilt;
+  if (!launch) return not_found(registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p)) != nullptr);
   return launch(p, stream);
 }
 

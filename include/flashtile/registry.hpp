@@ -56,11 +56,9 @@ class KernelRegistry {
   }
 
   // `needs`: the shared memory per block the launcher's kernels use at most
-  // (sm80::fwd_smem_needed, sm80::bwd_smem_needed). One key may have a
-  // launcher per budget. Registered without one, a launcher is offered to
-  // every GPU, and its own check refuses one with too little
-  // (Status::kUnsupportedDevice).
-  bool add_fwd(KernelKey key, FwdLauncher launch, SmemBudget needs = SmemBudget::k99KB) {
+  // (sm80::fwd_smem_needed, sm80::bwd_smem_needed; k227KB for the sm90
+  // kernels). One key may have a launcher per budget.
+  bool add_fwd(KernelKey key, FwdLauncher launch, SmemBudget needs) {
     fwd_.push_back({key, launch, needs});
     return true;
   }
@@ -72,7 +70,7 @@ class KernelRegistry {
     return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget);
   }
 
-  bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs = SmemBudget::k99KB) {
+  bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs) {
     bwd_.push_back({key, launch, needs});
     return true;
   }
