@@ -10,9 +10,7 @@
 // offers.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
-#include <atomic>
+#include "flashtile/device_attribute.hpp"
 
 namespace flashtile {
 
@@ -40,22 +38,11 @@ constexpr SmemBudget smem_budget_within(int bytes) {
                                                           : SmemBudget::k99KB;
 }
 
-// The current GPU's budget, queried once per device (the launch path's host
-// time); k227KB when the device cannot be queried (the error consumed), so
+// The current GPU's budget; k227KB when the device cannot be queried, so
 // that the launch reports the failure.
 inline SmemBudget device_smem_budget() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // 0: not queried yet, else bytes
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return (void)cudaGetLastError(), SmemBudget::k227KB;
-  if (device < kMaxDevices && (bytes = cached[device].load(std::memory_order_relaxed)) > 0) {
-    return smem_budget_within(bytes);
-  }
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return (void)cudaGetLastError(), SmemBudget::k227KB;
-  }
-  if (device < kMaxDevices) cached[device].store(bytes, std::memory_order_relaxed);
-  return smem_budget_within(bytes);
+  const int bytes = cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+  return bytes > 0 ? smem_budget_within(bytes) : SmemBudget::k227KB;
 }
 
 }  // namespace flashtile

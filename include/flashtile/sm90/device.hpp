@@ -3,7 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
+#include "flashtile/device_attribute.hpp"
 
 namespace flashtile::sm90 {
 
@@ -17,19 +17,8 @@ inline bool device_is_sm90() {
          major == 9 && minor == 0;
 }
 
-// The current GPU's SM count, queried once per device (the launch path's
-// host time); 0 when it cannot be queried (the error consumed).
-inline int multiprocessor_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // 0: not queried yet
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return (void)cudaGetLastError(), 0;
-  if (device < kMaxDevices && (sms = cached[device].load(std::memory_order_relaxed)) > 0) return sms;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return (void)cudaGetLastError(), 0;
-  }
-  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
-  return sms;
-}
+// The current GPU's SM count, queried once per device; 0 when it cannot be
+// queried.
+inline int multiprocessor_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
 }  // namespace flashtile::sm90
