@@ -4,9 +4,10 @@
 
 namespace flashtile {
 namespace {
+constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 96, DType::kFp16, Variant::kScoreMod},
-    &sm80::run_bwd<96, cutlass::half_t, true>,
-    sm80::bwd_smem_needed<96, cutlass::half_t, SmemBudget::k227KB>());
+    &sm80::run_bwd<96, cutlass::half_t, true, kBudget>,
+    sm80::bwd_smem_needed<96, cutlass::half_t, kBudget>());
 }  // namespace
 }  // namespace flashtile

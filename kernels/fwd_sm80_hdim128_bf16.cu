@@ -4,9 +4,10 @@
 
 namespace flashtile {
 namespace {
+constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 128, DType::kBf16, Variant::kPlain},
-    &sm80::run_fwd<128, cutlass::bfloat16_t, false>,
-    sm80::fwd_smem_needed<128, cutlass::bfloat16_t, SmemBudget::k227KB>());
+    &sm80::run_fwd<128, cutlass::bfloat16_t, false, kBudget>,
+    sm80::fwd_smem_needed<128, cutlass::bfloat16_t, kBudget>());
 }  // namespace
 }  // namespace flashtile

@@ -4,9 +4,10 @@
 
 namespace flashtile {
 namespace {
+constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 192, DType::kBf16, Variant::kScoreMod},
-    &sm80::run_fwd<192, cutlass::bfloat16_t, true>,
-    sm80::fwd_smem_needed<192, cutlass::bfloat16_t, SmemBudget::k227KB>());
+    &sm80::run_fwd<192, cutlass::bfloat16_t, true, kBudget>,
+    sm80::fwd_smem_needed<192, cutlass::bfloat16_t, kBudget>());
 }  // namespace
 }  // namespace flashtile

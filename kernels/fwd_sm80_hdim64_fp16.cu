@@ -4,9 +4,10 @@
 
 namespace flashtile {
 namespace {
+constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 64, DType::kFp16, Variant::kPlain},
-    &sm80::run_fwd<64, cutlass::half_t, false>,
-    sm80::fwd_smem_needed<64, cutlass::half_t, SmemBudget::k227KB>());
+    &sm80::run_fwd<64, cutlass::half_t, false, kBudget>,
+    sm80::fwd_smem_needed<64, cutlass::half_t, kBudget>());
 }  // namespace
 }  // namespace flashtile
