@@ -5,12 +5,12 @@
 namespace flashtile {
 namespace {
 constexpr SmemBudget kBudget = SmemBudget::k99KB;
-static_assert(sm80::bwd_smem_needed<128, cutlass::bfloat16_t, kBudget>() <
-                  sm80::bwd_smem_needed<128, cutlass::bfloat16_t, SmemBudget::k227KB>(),
-              "the default tiles already fit this budget: generate.py's BUDGET_KERNELS lists one too many");
+static_assert(sm80::bwd_smem_bytes<128, cutlass::bfloat16_t, kBudget>() <
+                  sm80::bwd_smem_bytes<128, cutlass::bfloat16_t, SmemBudget::k227KB>(),
+              "this budget's tiles are the default's: generate.py's BUDGET_KERNELS lists one too many");
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 128, DType::kBf16, Variant::kPlain},
     &sm80::run_bwd<128, cutlass::bfloat16_t, false, kBudget>,
-    sm80::bwd_smem_needed<128, cutlass::bfloat16_t, kBudget>());
+    sm80::bwd_smem_needed<128, cutlass::bfloat16_t, kBudget>(), kBudget);
 }  // namespace
 }  // namespace flashtile

@@ -5,12 +5,12 @@
 namespace flashtile {
 namespace {
 constexpr SmemBudget kBudget = SmemBudget::k99KB;
-static_assert(sm80::bwd_smem_needed<256, cutlass::half_t, kBudget>() <
-                  sm80::bwd_smem_needed<256, cutlass::half_t, SmemBudget::k227KB>(),
-              "the default tiles already fit this budget: generate.py's BUDGET_KERNELS lists one too many");
+static_assert(sm80::bwd_smem_bytes<256, cutlass::half_t, kBudget>() <
+                  sm80::bwd_smem_bytes<256, cutlass::half_t, SmemBudget::k227KB>(),
+              "this budget's tiles are the default's: generate.py's BUDGET_KERNELS lists one too many");
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 256, DType::kFp16, Variant::kScoreMod},
     &sm80::run_bwd<256, cutlass::half_t, true, kBudget>,
-    sm80::bwd_smem_needed<256, cutlass::half_t, kBudget>());
+    sm80::bwd_smem_needed<256, cutlass::half_t, kBudget>(), kBudget);
 }  // namespace
 }  // namespace flashtile

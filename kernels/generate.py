@@ -30,14 +30,15 @@ SM90_FWD_HEAD_DIMS = HEAD_DIMS
 DIRECTIONS = {"fwd": "Fwd", "bwd": "Bwd"}
 # The SM80 path's instantiations for GPUs with less shared memory per block
 # (include/flashtile/smem_budget.hpp) than the H100/H200's 227 KB, where
-# their head dim's default tiles do not fit: {direction}_sm80_hdim{d}_{dtype}
-# [_scoremod]_smem{99,163}.cu. The tiles are sm80/fwd_traits.hpp's
-# FwdBudgetConfig and sm80/bwd_traits.hpp's BwdBudgetConfig; each file's
-# static_assert refuses one that does not fit or is no smaller than the
-# default's.
+# their head dim's default tiles do not fit or spill registers on those GPUs:
+# {direction}_sm80_hdim{d}_{dtype}[_scoremod]_smem{99,163}.cu. The tiles are
+# sm80/fwd_traits.hpp's FwdBudgetConfig and sm80/bwd_traits.hpp's
+# BwdBudgetConfig; each file's static_assert refuses one that does not fit
+# or is no smaller than the default's. The dispatch prefers the launcher
+# tuned for the GPU's budget (include/flashtile/registry.hpp).
 SMEM_BUDGETS = {"99": "k99KB", "163": "k163KB"}
 BUDGET_KERNELS = {
-    "fwd": {256: ("99",)},
+    "fwd": {128: ("99",), 256: ("99",)},
     "bwd": {32: ("99",), 64: ("99",), 96: ("99",), 128: ("99",), 192: ("99",), 256: ("99", "163")},
 }
 # variant: (file name suffix, registry enum, the launcher's kScoreMod). The
@@ -59,15 +60,15 @@ constexpr SmemBudget kBudget = SmemBudget::{budget_enum};
 {smaller_check}[[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_{direction}(
     {{Direction::k{Direction}, Arch::kSm80, {hdim}, DType::{dtype_enum}, Variant::{variant_enum}}},
     &sm80::run_{direction}<{hdim}, {cpp_type}, {score_mod}, kBudget>,
-    sm80::{direction}_smem_needed<{hdim}, {cpp_type}, kBudget>());
+    sm80::{direction}_smem_needed<{hdim}, {cpp_type}, kBudget>(), kBudget);
 }}  // namespace
 }}  // namespace flashtile
 """
 
 SMALLER_CHECK = """\
-static_assert(sm80::{direction}_smem_needed<{hdim}, {cpp_type}, kBudget>() <
-                  sm80::{direction}_smem_needed<{hdim}, {cpp_type}, SmemBudget::k227KB>(),
-              "the default tiles already fit this budget: generate.py's BUDGET_KERNELS lists one too many");
+static_assert(sm80::{direction}_smem_bytes<{hdim}, {cpp_type}, kBudget>() <
+                  sm80::{direction}_smem_bytes<{hdim}, {cpp_type}, SmemBudget::k227KB>(),
+              "this budget's tiles are the default's: generate.py's BUDGET_KERNELS lists one too many");
 """
 
 

@@ -75,19 +75,24 @@ def test_built_kernels_well_formed():
 
 def test_smem_budgets_cover_every_kernel():
     """Each sm80-path kernel has a launcher within every shared-memory budget
-    the build was asked for (FLASHTILE_SMEM_BUDGETS), and one per budget at
-    most: generate.py's BUDGET_KERNELS and the C++ tile tables agree."""
+    the build was asked for (FLASHTILE_SMEM_BUDGETS), at most one tuned for
+    each budget, each fitting the budget it was tuned for: generate.py's
+    BUDGET_KERNELS and the C++ tile tables agree."""
     launchers = _C.built_smem_budgets()
     assert launchers, "no sm80 launcher in built_smem_budgets()"
     by_key = {}
-    for direction, head_dim, dtype_name, variant, kb in launchers:
-        assert kb in (99, 163, 227), (direction, head_dim, dtype_name, variant, kb)
-        by_key.setdefault((direction, head_dim, dtype_name, variant), []).append(kb)
+    for direction, head_dim, dtype_name, variant, needs_kb, tuned_kb in launchers:
+        row = (direction, head_dim, dtype_name, variant, needs_kb, tuned_kb)
+        assert needs_kb in (99, 163, 227) and tuned_kb in (99, 163, 227), row
+        assert needs_kb <= tuned_kb, f"{row}: needs more shared memory than the GPUs it was tuned for have"
+        by_key.setdefault((direction, head_dim, dtype_name, variant), []).append((needs_kb, tuned_kb))
     assert set(by_key) == {(d, hd, dn, v) for d, arch, hd, dn, v in _C.built_kernels() if arch == "sm80"}
-    for key, kbs in by_key.items():
-        assert len(set(kbs)) == len(kbs), f"{key}: two launchers for one budget: {kbs}"
+    for key, budgets in by_key.items():
+        tuned = [t for _, t in budgets]
+        assert len(set(tuned)) == len(tuned), f"{key}: two launchers tuned for one budget: {budgets}"
+        assert 227 in tuned, f"{key}: no default launcher: {budgets}"
         for budget in _C.smem_budgets_built:
-            assert min(kbs) <= budget, f"{key}: no launcher within {budget} KB (built: {kbs})"
+            assert min(n for n, _ in budgets) <= budget, f"{key}: no launcher within {budget} KB (built: {budgets})"
 
 
 def test_smem_budget_limit_is_checked():

@@ -1,8 +1,9 @@
 // The dispatch table: one entry per compiled instantiation, keyed by
-// (direction, arch, head dim, dtype, variant) and the shared memory per block
-// its kernels need (smem_budget.hpp). Each generated file in kernels/ adds its
-// launcher at static-initialization time; callers ask the table and turn a
-// miss into a "not built" error instead of guessing.
+// (direction, arch, head dim, dtype, variant), with the shared memory per
+// block its kernels need and the class of GPU its tiles were chosen for
+// (smem_budget.hpp). Each generated file in kernels/ adds its launcher at
+// static-initialization time; callers ask the table and turn a miss into a
+// "not built" error instead of guessing.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,21 +58,28 @@ class KernelRegistry {
 
   // `needs`: the shared memory per block the launcher's kernels use at most
   // (sm80::fwd_smem_needed, sm80::bwd_smem_needed; k227KB for the sm90
-  // kernels). One key may have a launcher per budget.
-  bool add_fwd(KernelKey key, FwdLauncher launch, SmemBudget needs) {
-    fwd_.push_back({key, launch, needs});
+  // kernels). `tuned_for`: the GPUs whose budget its tiles were chosen for
+  // (the kBudget of run_fwd / run_bwd): a 99 KB GPU's tiles may be smaller
+  // than the default's for its registers, not only for its shared memory.
+  // One key may have a launcher per tuned_for.
+  bool add_fwd(KernelKey key, FwdLauncher launch, SmemBudget needs,
+               SmemBudget tuned_for = SmemBudget::k227KB) {
+    fwd_.push_back({key, launch, needs, tuned_for});
     return true;
   }
 
-  // The launcher of that key whose kernels need the most shared memory within
-  // `budget`; nullptr when none is built (or none fits).
+  // The launcher of that key for a GPU with `budget` of shared memory per
+  // block: the one tuned for that budget where built; otherwise, of those
+  // whose kernels fit, the one needing the most (on a tie the one tuned for
+  // the larger GPU: the default tiles). nullptr when none is built or fits.
   FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype, Variant variant,
                        SmemBudget budget = SmemBudget::k227KB) const {
     return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget);
   }
 
-  bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs) {
-    bwd_.push_back({key, launch, needs});
+  bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs,
+               SmemBudget tuned_for = SmemBudget::k227KB) {
+    bwd_.push_back({key, launch, needs, tuned_for});
     return true;
   }
 
@@ -107,14 +115,19 @@ class KernelRegistry {
     return out;
   }
 
-  // The budgets a key's launchers need, one entry per launcher.
-  std::vector<SmemBudget> budgets(const KernelKey& key) const {
-    std::vector<SmemBudget> out;
+  struct LauncherBudget {
+    SmemBudget needs;
+    SmemBudget tuned_for;
+  };
+
+  // What each of a key's launchers needs and was tuned for.
+  std::vector<LauncherBudget> budgets(const KernelKey& key) const {
+    std::vector<LauncherBudget> out;
     for (const FwdEntry& e : fwd_) {
-      if (e.key == key) out.push_back(e.needs);
+      if (e.key == key) out.push_back({e.needs, e.tuned_for});
     }
     for (const BwdEntry& e : bwd_) {
-      if (e.key == key) out.push_back(e.needs);
+      if (e.key == key) out.push_back({e.needs, e.tuned_for});
     }
     return out;
   }
@@ -125,15 +138,26 @@ class KernelRegistry {
     KernelKey key;
     Launcher launch;
     SmemBudget needs;
+    SmemBudget tuned_for;
   };
   using FwdEntry = Entry<FwdLauncher>;
   using BwdEntry = Entry<BwdLauncher>;
+
+  // find_fwd's order: tuned for `budget` first, then the most shared memory
+  // needed, then tuned for the larger GPU.
+  template <class Launcher>
+  static bool preferred(const Entry<Launcher>& a, const Entry<Launcher>& b, SmemBudget budget) {
+    const bool a_tuned = a.tuned_for == budget, b_tuned = b.tuned_for == budget;
+    if (a_tuned != b_tuned) return a_tuned;
+    if (a.needs != b.needs) return b.needs < a.needs;
+    return b.tuned_for < a.tuned_for;
+  }
 
   template <class Launcher>
   static Launcher find(const std::vector<Entry<Launcher>>& entries, const KernelKey& want, SmemBudget budget) {
     const Entry<Launcher>* best = nullptr;
     for (const Entry<Launcher>& e : entries) {
-      if (e.key == want && e.needs <= budget && (best == nullptr || best->needs < e.needs)) best = &e;
+      if (e.key == want && e.needs <= budget && (best == nullptr || preferred(e, *best, budget))) best = &e;
     }
     return best ? best->launch : nullptr;
   }

@@ -3,11 +3,13 @@
 //   99 KB   sm86, sm89, sm120, sm121 (RTX 30/40/50, A10, A40, L4, L40S)
 //   163 KB  sm80, sm87 (A100, A30, Orin)
 //   227 KB  sm90, sm100 (H100, H200, B200)
-// The SM80 path's tile configurations come per budget (sm80/fwd_traits.hpp,
-// sm80/bwd_traits.hpp): each budget gets the default tiles where they fit,
-// smaller ones where they do not. The dispatch (flashtile.hpp) runs, for
-// the current GPU, the instantiation that needs the largest budget the GPU
-// offers.
+// The budget also names the class of GPU: the 99 KB ones are the consumer
+// and workstation parts. The SM80 path's tile configurations come per
+// budget (sm80/fwd_traits.hpp, sm80/bwd_traits.hpp): each budget gets the
+// default tiles where they fit and suit it, smaller ones where they do not
+// fit or spill registers there. The dispatch (flashtile.hpp, registry.hpp)
+// runs, for the current GPU, the instantiation tuned for its budget, else
+// the one needing the most shared memory within it.
 #pragma once
 
 #include "flashtile/device_attribute.hpp"

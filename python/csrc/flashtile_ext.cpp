@@ -462,16 +462,19 @@ std::vector<std::tuple<std::string, std::string, int, std::string, std::string>>
   return out;
 }
 
-// (direction, head_dim, dtype, variant, KB) for each SM80-path launcher: the
-// shared memory per block its kernels need (smem_budget.hpp).
-std::vector<std::tuple<std::string, int, std::string, std::string, int>> built_smem_budgets() {
-  std::vector<std::tuple<std::string, int, std::string, std::string, int>> out;
+// (direction, head_dim, dtype, variant, needs KB, tuned-for KB) for each
+// SM80-path launcher: the shared memory per block its kernels need and the
+// budget its tiles were chosen for (smem_budget.hpp, registry.hpp).
+using LauncherBudgetRow = std::tuple<std::string, int, std::string, std::string, int, int>;
+std::vector<LauncherBudgetRow> built_smem_budgets() {
+  std::vector<LauncherBudgetRow> out;
   const flashtile::KernelRegistry& registry = flashtile::KernelRegistry::instance();
   for (const flashtile::KernelKey& key : registry.keys()) {
     if (key.arch != flashtile::Arch::kSm80) continue;
-    for (flashtile::SmemBudget budget : registry.budgets(key)) {
+    for (const flashtile::KernelRegistry::LauncherBudget& budget : registry.budgets(key)) {
       out.emplace_back(flashtile::direction_name(key.direction), key.head_dim, flashtile::dtype_name(key.dtype),
-                       flashtile::variant_name(key.variant), flashtile::smem_budget_kb(budget));
+                       flashtile::variant_name(key.variant), flashtile::smem_budget_kb(budget.needs),
+                       flashtile::smem_budget_kb(budget.tuned_for));
     }
   }
   return out;
@@ -575,8 +578,9 @@ NB_MODULE(_C, m) {
         "per block (99: sm86/sm89/sm120, 163: A100), running the sm80 path's tiles for that budget "
         "and no sm90 kernel; 227 (the default) lifts the limit. Process-wide.");
   m.def("built_smem_budgets", &built_smem_budgets,
-        "(direction, head_dim, dtype, variant, kb) for each sm80-path instantiation: the shared memory "
-        "per block its kernels need.");
+        "(direction, head_dim, dtype, variant, needs_kb, tuned_kb) for each sm80-path instantiation: the "
+        "shared memory per block its kernels need, and the budget (the GPU class) its tiles were chosen "
+        "for; the dispatch prefers the one tuned for the GPU's budget.");
   m.attr("smem_budgets_built") = nb::cast(smem_budgets_built());
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");

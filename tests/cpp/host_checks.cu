@@ -748,6 +748,8 @@ int main() {
                                                                                 kSmemLimitSm90Bytes);
   using flashtile::SmemBudget;
   check_fwd_config<FwdTraitsFor<256, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d256 99 KB");
+  check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d128 99 KB");
+  check_fwd_config<FwdTraitsFor<128, true, cutlass::half_t, SmemBudget::k99KB>>("fwd d128 causal 99 KB fp16");
   check_bwd_budget<32, SmemBudget::k99KB>("bwd d32 99 KB");
   check_bwd_budget<64, SmemBudget::k99KB>("bwd d64 99 KB");
   check_bwd_budget<96, SmemBudget::k99KB>("bwd d96 99 KB");
@@ -782,6 +784,8 @@ int main() {
   check_block_mask<MaskKind::kLocal, 32, 32>("mask local 32x32");
   check_block_mask<MaskKind::kCausal, 64, 32>("mask causal 64x32 (dQ kernel, d128 99 KB, d256 163 KB)");
   check_block_mask<MaskKind::kLocal, 64, 32>("mask local 64x32");
+  check_block_mask<MaskKind::kCausal, 128, 32>("mask causal 128x32 (forward d128 99 KB)");
+  check_block_mask<MaskKind::kLocal, 128, 32>("mask local 128x32");
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -43,16 +43,22 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }
 
-// The budget run_fwd<kHeadDim, Element, kScoreMod, kBudget>'s kernels need:
-// the largest of its tiles' shared memory.
+// The shared memory per block run_fwd<kHeadDim, Element, kScoreMod,
+// kBudget>'s kernels use: the largest of its tiles'.
 template <int kHeadDim, class Element, SmemBudget kBudget>
-constexpr SmemBudget fwd_smem_needed() {
+constexpr int fwd_smem_bytes() {
   int bytes = std::max(FwdTraitsFor<kHeadDim, false, Element, kBudget>::kSmemBytes,
                        FwdTraitsFor<kHeadDim, true, Element, kBudget>::kSmemBytes);
   if constexpr (FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
     bytes = std::max(bytes, FwdShortTraitsFor<kHeadDim, Element>::kSmemBytes);
   }
-  return smem_budget_holding(bytes);
+  return bytes;
+}
+
+// The budget those kernels need.
+template <int kHeadDim, class Element, SmemBudget kBudget>
+constexpr SmemBudget fwd_smem_needed() {
+  return smem_budget_holding(fwd_smem_bytes<kHeadDim, Element, kBudget>());
 }
 
 // Entry point a generated kernels/ file instantiates and registers. Assumes

@@ -94,13 +94,20 @@ struct FwdShortConfig<64> {
   static constexpr int kMaxSeqlenK = 2048;
 };
 
-// The tiles for a shared-memory budget (smem_budget.hpp): FwdConfig's where
-// they fit, which is everywhere but d256 without a mask (128 KB) in 99 KB;
-// that takes the causal 64 × 64 tile (96 KB).
+// The tiles for a shared-memory budget, which is also a class of GPU
+// (smem_budget.hpp): FwdConfig's where they fit and do not spill there.
+// In 99 KB, d256 without a mask (128 KB) takes the causal 64 × 64 tile
+// (96 KB); d128 takes 128 × 32 (FlashAttention-2's sm86/sm89 choice), as
+// ptxas (nvcc 13.0) spills up to 180 B a thread in FwdConfig's 128 × 64
+// kernels for sm_86, and none in 128 × 32's for sm_86 or sm_120.
 template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
 struct FwdBudgetConfig : FwdConfig<kHeadDim, kIsCausal> {};
 template <>
 struct FwdBudgetConfig<256, false, SmemBudget::k99KB> : FwdConfig<256, true> {};
+template <bool kIsCausal>
+struct FwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB> {
+  static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 4;
+};
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
 struct FwdTraits {
