@@ -5,7 +5,8 @@
 //     bwd_tail_split.hpp, and a third kernel writes those key blocks'
 //     dK and dV), or
 //   - the main kernel for dK and dV only, and the dQ kernel, which sums dQ in
-//     a fixed order (params.deterministic).
+//     a fixed order (params.deterministic, and always for tiles with
+//     kDqOwnKernel).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -80,7 +81,7 @@ cudaError_t launch_dkdv(Kernel* kernel, dim3 grid, cudaStream_t stream, const Bw
 // Only the plain SM80 main kernel without a mask splits its tail (on a
 // fixed-length batch, with dQ atomics): its CTAs are all alike.
 template <class Traits, MaskKind kMask, bool kScoreMod>
-constexpr bool kSplitsTail = !Traits::kWgmma && kBwdTailSplittable<kMask, kScoreMod>;
+constexpr bool kSplitsTail = !Traits::kWgmma && !Traits::kDqOwnKernel && kBwdTailSplittable<kMask, kScoreMod>;
 
 // The tail split of a launch of `tasks` key blocks.
 template <class Traits, MaskKind kMask, bool kScoreMod>
@@ -133,10 +134,13 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   }
   BwdParams params = params_in;  // with causal folded into the window
   if (resolve_mask(params.causal, params.window_left, params.window_right) != kMask) return Status::kInvalidArgument;
+  // dQ from the dQ kernel (the deterministic mode, and tiles whose main
+  // kernel would spill with dQ atomics) or from the main kernel's atomics.
+  const bool dq_by_kernel = params.deterministic || Traits::kDqOwnKernel;
   // sm86, sm89 and sm120 offer 99 KB per block, sm80 163 KB; checked here
   // so such a GPU gets a named Status instead of a failed launch.
-  const Status fits = check_smem_per_block(params.deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
-                                                                : Traits::kSmemBytes);
+  const Status fits = check_smem_per_block(dq_by_kernel ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
+                                                        : Traits::kSmemBytes);
   if (fits != Status::kSuccess) return fits;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   const float* dsum = ws.dsum;
@@ -160,8 +164,9 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   const dim3 dkdv_grid(unsigned(tail.grid_blocks(tasks)));
 
   // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode); the
-  // split tail's slots follow it, so one range zeroes both.
-  const size_t zero_bytes = ws.dq_accum_bytes + tail.slot_bytes<Traits::kBlockN, kHeadDim>(tasks);
+  // split tail's slots follow it, so one range zeroes both. The dQ kernel
+  // uses neither.
+  const size_t zero_bytes = dq_by_kernel ? 0 : ws.dq_accum_bytes + tail.slot_bytes<Traits::kBlockN, kHeadDim>(tasks);
   bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
       rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
@@ -171,30 +176,32 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   // decide at run time.
   const bool varlen = is_varlen(params);
   const bool dropout = params.dropout_p > 0.f;
-  if (params.deterministic) {
-    // No dQ accumulator in this mode (the kernel variant never touches it).
-    auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, false, kScoreMod>(varlen, dropout);
-    cudaError_t err = launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, static_cast<float*>(nullptr), dsum,
-                                          tail);
-    if (err != cudaSuccess) return Status::kCudaError;
-    const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
-    auto* dq_kernel = dq_kernel_for<DqTraits, kMask, kScoreMod>(dropout);
-    err = launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, dq_grid, DqTraits::kNThreads, stream, params, dsum);
-    return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
-  }
-
-  auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
-  if (launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, ws.dq_accum, dsum, tail) != cudaSuccess) {
-    return Status::kCudaError;
-  }
-  const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
-  bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, 0, stream>>>(params, ws.dq_accum);
-  if constexpr (kSplitsTail<Traits, kMask, kScoreMod>) {
-    if (tail.is_split()) {
-      bwd_convert_dkv_tail_kernel<Traits><<<unsigned(split_tasks), Traits::kNThreads, 0, stream>>>(params, tail);
+  if constexpr (!Traits::kDqOwnKernel) {
+    if (!dq_by_kernel) {
+      auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
+      if (launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, ws.dq_accum, dsum, tail) != cudaSuccess) {
+        return Status::kCudaError;
+      }
+      const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
+      bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, 0, stream>>>(params, ws.dq_accum);
+      if constexpr (kSplitsTail<Traits, kMask, kScoreMod>) {
+        if (tail.is_split()) {
+          bwd_convert_dkv_tail_kernel<Traits><<<unsigned(split_tasks), Traits::kNThreads, 0, stream>>>(params, tail);
+        }
+      }
+      return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
     }
   }
-  return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  // The main kernel without a dQ accumulator (that variant never touches
+  // it), then the dQ kernel.
+  auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, false, kScoreMod>(varlen, dropout);
+  cudaError_t err = launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, static_cast<float*>(nullptr), dsum,
+                                        tail);
+  if (err != cudaSuccess) return Status::kCudaError;
+  const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
+  auto* dq_kernel = dq_kernel_for<DqTraits, kMask, kScoreMod>(dropout);
+  err = launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, dq_grid, DqTraits::kNThreads, stream, params, dsum);
+  return err == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
 // The main kernel's traits for each mask of one (head dim, dtype, budget):
@@ -208,13 +215,20 @@ struct BwdTraitsFor {
 template <int kHeadDim, class Element, SmemBudget kBudget = SmemBudget::k227KB>
 using BwdDqTraitsFor = BwdTraits<kHeadDim, Element, BwdDqBudgetConfig<kHeadDim, kBudget>>;
 
-// The budget run_bwd<kHeadDim, Element, kScoreMod, kBudget>'s kernels need:
-// the largest of its main kernels' and its dQ kernel's shared memory.
+// The shared memory per block run_bwd<kHeadDim, Element, kScoreMod,
+// kBudget>'s kernels use: the largest of its main kernels' and its dQ
+// kernel's.
+template <int kHeadDim, class Element, SmemBudget kBudget>
+constexpr int bwd_smem_bytes() {
+  using Main = BwdTraitsFor<kHeadDim, Element, kBudget>;
+  return std::max({Main::template type<false>::kSmemBytes, Main::template type<true>::kSmemBytes,
+                   BwdDqTraitsFor<kHeadDim, Element, kBudget>::kSmemDqBytes});
+}
+
+// The budget those kernels need.
 template <int kHeadDim, class Element, SmemBudget kBudget>
 constexpr SmemBudget bwd_smem_needed() {
-  using Main = BwdTraitsFor<kHeadDim, Element, kBudget>;
-  return smem_budget_holding(std::max({Main::template type<false>::kSmemBytes, Main::template type<true>::kSmemBytes,
-                                       BwdDqTraitsFor<kHeadDim, Element, kBudget>::kSmemDqBytes}));
+  return smem_budget_holding(bwd_smem_bytes<kHeadDim, Element, kBudget>());
 }
 
 // run_bwd_with for the mask that params ask for, with MainTraits<kIsCausal>

@@ -33,6 +33,7 @@ using namespace cute;
 // CTA, instead of from shared memory every query block. kRowsInRegs: each
 // query block's LSE and D rows go from global memory into the registers of
 // the threads that use them, instead of through shared memory.
+// kDqOwnKernel: dQ by the dQ kernel in every mode (BwdBudgetConfig below).
 template <int kHeadDim, bool kIsCausal>
 struct BwdConfig;
 template <bool kIsCausal>
@@ -42,6 +43,7 @@ struct BwdConfig<64, kIsCausal> {
   static constexpr bool kSingleBufferDo = false;  // see BwdConfig<192>
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
+  static constexpr bool kDqOwnKernel = false;
 };
 template <bool kIsCausal>
 struct BwdConfig<128, kIsCausal> {
@@ -50,6 +52,7 @@ struct BwdConfig<128, kIsCausal> {
   static constexpr bool kSingleBufferDo = false;
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
+  static constexpr bool kDqOwnKernel = false;
 };
 // 32: V in registers (16 per thread) measured +1.4–3 % non-causal and +2–3 %
 // causal at 1k–16k on the H200; at 96 (48 per thread) it was within ±1 %
@@ -72,6 +75,7 @@ struct BwdConfig<96, kIsCausal> {
   static constexpr bool kSingleBufferDo = !kIsCausal;
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = !kIsCausal;
+  static constexpr bool kDqOwnKernel = false;
 };
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
 // thread, so keys come in blocks of 64; shared memory is 137 KB (192, one
@@ -88,6 +92,7 @@ struct BwdConfig<192, kIsCausal> {
   static constexpr bool kSingleBufferDo = !kIsCausal;
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
+  static constexpr bool kDqOwnKernel = false;
 };
 // 256 keeps dO double-buffered: single, it ran 6–7 % slower non-causal and
 // 2–4 % causal (1k–16k, H200).
@@ -110,6 +115,7 @@ struct BwdDqConfig {
   static constexpr bool kSingleBufferDo = false;  // the dQ kernel has its own layout
   static constexpr bool kVInRegs = false;          // the dQ kernel streams V
   static constexpr bool kRowsInRegs = false;       // and stages LSE and D in shared memory
+  static constexpr bool kDqOwnKernel = true;       // it is that kernel
 };
 
 // The tiles for a shared-memory budget (smem_budget.hpp): BwdConfig's and
@@ -124,7 +130,11 @@ struct BwdDqConfig {
 //   256       209, dQ 200.5             32 x 64: 136.5;    32 x 32, 4 warps, one dO buffer: 84.5;
 //                                       dQ 64 x 32: 132.5  dQ 32 x 32, 4 warps: 98.3
 // Each keeps its head dim's warp layouts where they tile the smaller block.
-// Chosen to fit; not yet timed.
+// Chosen to fit; not yet timed. kDqOwnKernel: dQ always comes from the dQ
+// kernel, as in the deterministic mode, instead of atomic adds from the main
+// kernel, whose dQ accumulator next to dK and dV spills there: for sm_86
+// (nvcc 13.0) 40-108 B a thread at d192 and up to 840 B at d256, where the
+// main kernel without it spills nothing.
 template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
 struct BwdBudgetConfig : BwdConfig<kHeadDim, kIsCausal> {};
 template <bool kIsCausal>
@@ -149,6 +159,7 @@ struct BwdBudgetConfig<192, kIsCausal, SmemBudget::k99KB> : BwdConfig<192, kIsCa
   static constexpr int kBlockM = 32;
   static constexpr int kAtomMSdP = 2;
   static constexpr bool kSingleBufferDo = true;
+  static constexpr bool kDqOwnKernel = true;
 };
 template <bool kIsCausal>
 struct BwdBudgetConfig<256, kIsCausal, SmemBudget::k163KB> : BwdConfig<256, kIsCausal> {
@@ -162,6 +173,7 @@ struct BwdBudgetConfig<256, kIsCausal, SmemBudget::k99KB> {
   static constexpr bool kSingleBufferDo = true;
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
+  static constexpr bool kDqOwnKernel = true;
 };
 
 template <int kHeadDim, SmemBudget kBudget>
@@ -236,6 +248,7 @@ struct BwdTraits {
   static constexpr bool kSingleBufferDo = Config::kSingleBufferDo;
   static constexpr bool kVInRegs = Config::kVInRegs;
   static constexpr bool kRowsInRegs = Config::kRowsInRegs;
+  static constexpr bool kDqOwnKernel = Config::kDqOwnKernel;
   static constexpr int kSmemBytes = (kSingleBufferDo ? 3 : 4) * kSmemQBytes + 2 * kSmemKVBytes +
                                     2 * kSmemPdSBytes + (kRowsInRegs ? 0 : 4 * kSmemRowsBytes);
   // dQ kernel: Q, dO, LSE, D single, K and V double-buffered, dS.

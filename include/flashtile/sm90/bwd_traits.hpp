@@ -42,6 +42,7 @@ struct BwdTraits {
   static constexpr int kNWarps = 4 * kWarpGroups;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr bool kWgmma = true;
+  static constexpr bool kDqOwnKernel = false;  // dQ by atomic adds outside deterministic mode
   static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0 && kBlockM == 64,
                 "128-byte swizzle atoms tile whole rows; one wgmma M of 64 query rows");
 
