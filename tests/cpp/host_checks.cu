@@ -750,6 +750,8 @@ int main() {
   check_fwd_config<FwdTraitsFor<256, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d256 99 KB");
   check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d128 99 KB");
   check_fwd_config<FwdTraitsFor<128, true, cutlass::half_t, SmemBudget::k99KB>>("fwd d128 causal 99 KB fp16");
+  check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t, SmemBudget::k99KB, true>>(
+      "fwd d128 99 KB, modifiers (8 warps)");
   check_bwd_budget<32, SmemBudget::k99KB>("bwd d32 99 KB");
   check_bwd_budget<64, SmemBudget::k99KB>("bwd d64 99 KB");
   check_bwd_budget<96, SmemBudget::k99KB>("bwd d96 99 KB");

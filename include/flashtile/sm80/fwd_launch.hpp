@@ -44,11 +44,13 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 // The shared memory per block run_fwd<kHeadDim, Element, kScoreMod,
-// kBudget>'s kernels use: the largest of its tiles'.
+// kBudget>'s kernels use, either variant: the largest of its tiles'.
 template <int kHeadDim, class Element, SmemBudget kBudget>
 constexpr int fwd_smem_bytes() {
-  int bytes = std::max(FwdTraitsFor<kHeadDim, false, Element, kBudget>::kSmemBytes,
-                       FwdTraitsFor<kHeadDim, true, Element, kBudget>::kSmemBytes);
+  int bytes = std::max({FwdTraitsFor<kHeadDim, false, Element, kBudget, false>::kSmemBytes,
+                        FwdTraitsFor<kHeadDim, true, Element, kBudget, false>::kSmemBytes,
+                        FwdTraitsFor<kHeadDim, false, Element, kBudget, true>::kSmemBytes,
+                        FwdTraitsFor<kHeadDim, true, Element, kBudget, true>::kSmemBytes});
   if constexpr (FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
     bytes = std::max(bytes, FwdShortTraitsFor<kHeadDim, Element>::kSmemBytes);
   }
@@ -72,6 +74,8 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   static_assert(fwd_smem_needed<kHeadDim, Element, kBudget>() <= kBudget, "FwdBudgetConfig exceeds its budget");
   if (!kScoreMod && uses_score_mod(params)) return Status::kInvalidArgument;
   FwdParams p = params;  // with causal folded into the window
+  using FullTraits = FwdTraitsFor<kHeadDim, false, Element, kBudget, kScoreMod>;
+  using MaskedTraits = FwdTraitsFor<kHeadDim, true, Element, kBudget, kScoreMod>;  // causal and windows
   Status status;
   switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
     case MaskKind::kNone:
@@ -81,13 +85,13 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
           break;
         }
       }
-      status = launch_fwd<FwdTraitsFor<kHeadDim, false, Element, kBudget>, MaskKind::kNone, kScoreMod>(p, stream);
+      status = launch_fwd<FullTraits, MaskKind::kNone, kScoreMod>(p, stream);
       break;
     case MaskKind::kCausal:
-      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element, kBudget>, MaskKind::kCausal, kScoreMod>(p, stream);
+      status = launch_fwd<MaskedTraits, MaskKind::kCausal, kScoreMod>(p, stream);
       break;
     default:  // windows: the causal tiles (short rows)
-      status = launch_fwd<FwdTraitsFor<kHeadDim, true, Element, kBudget>, MaskKind::kLocal, kScoreMod>(p, stream);
+      status = launch_fwd<MaskedTraits, MaskKind::kLocal, kScoreMod>(p, stream);
       break;
   }
   if constexpr (kScoreMod) {

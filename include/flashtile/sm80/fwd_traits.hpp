@@ -95,18 +95,20 @@ struct FwdShortConfig<64> {
 };
 
 // The tiles for a shared-memory budget, which is also a class of GPU
-// (smem_budget.hpp): FwdConfig's where they fit and do not spill there.
-// In 99 KB, d256 without a mask (128 KB) takes the causal 64 × 64 tile
-// (96 KB); d128 takes 128 × 32 (FlashAttention-2's sm86/sm89 choice), as
-// ptxas (nvcc 13.0) spills up to 180 B a thread in FwdConfig's 128 × 64
-// kernels for sm_86, and none in 128 × 32's for sm_86 or sm_120.
-template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
+// (smem_budget.hpp), per variant (kScoreMod: softcap, ALiBi, dropout):
+// FwdConfig's where they fit and do not spill there. In 99 KB, d256 without
+// a mask (128 KB) takes the causal 64 × 64 tile (96 KB), and d128
+// FlashAttention-2's sm86/sm89 tile, 128 × 32: ptxas (nvcc 13.0) spills up
+// to 180 B a thread in FwdConfig's 128 × 64 kernels for sm_86 and none in
+// 128 × 32's, for sm_86 or sm_120, but 8 B in one of those with the
+// modifiers for sm_86, which 8 warps of 16 rows remove (212 registers).
+template <int kHeadDim, bool kIsCausal, SmemBudget kBudget, bool kScoreMod = false>
 struct FwdBudgetConfig : FwdConfig<kHeadDim, kIsCausal> {};
-template <>
-struct FwdBudgetConfig<256, false, SmemBudget::k99KB> : FwdConfig<256, true> {};
-template <bool kIsCausal>
-struct FwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB> {
-  static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 4;
+template <bool kScoreMod>
+struct FwdBudgetConfig<256, false, SmemBudget::k99KB, kScoreMod> : FwdConfig<256, true> {};
+template <bool kIsCausal, bool kScoreMod>
+struct FwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB, kScoreMod> {
+  static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = kScoreMod ? 8 : 4;
 };
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
@@ -153,10 +155,11 @@ struct FwdTraits {
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
-template <int kHeadDim, bool kIsCausal, class Element, SmemBudget kBudget = SmemBudget::k227KB>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdBudgetConfig<kHeadDim, kIsCausal, kBudget>::kBlockM,
-                               FwdBudgetConfig<kHeadDim, kIsCausal, kBudget>::kBlockN,
-                               FwdBudgetConfig<kHeadDim, kIsCausal, kBudget>::kNWarps, Element>;
+template <int kHeadDim, bool kIsCausal, class Element, SmemBudget kBudget = SmemBudget::k227KB,
+          bool kScoreMod = false>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdBudgetConfig<kHeadDim, kIsCausal, kBudget, kScoreMod>::kBlockM,
+                               FwdBudgetConfig<kHeadDim, kIsCausal, kBudget, kScoreMod>::kBlockN,
+                               FwdBudgetConfig<kHeadDim, kIsCausal, kBudget, kScoreMod>::kNWarps, Element>;
 template <int kHeadDim, class Element>
 using FwdShortTraitsFor = FwdTraits<kHeadDim, FwdShortConfig<kHeadDim>::kBlockM, FwdShortConfig<kHeadDim>::kBlockN,
                                     FwdShortConfig<kHeadDim>::kNWarps, Element>;
