@@ -34,6 +34,8 @@ using namespace cute;
 // query block's LSE and D rows go from global memory into the registers of
 // the threads that use them, instead of through shared memory.
 // kDqOwnKernel: dQ by the dQ kernel in every mode (BwdBudgetConfig below).
+// kDqChunk: the main kernel's dQ product and atomic adds in chunks of that
+// many columns (0: the whole head dim at once).
 template <int kHeadDim, bool kIsCausal>
 struct BwdConfig;
 template <bool kIsCausal>
@@ -44,6 +46,7 @@ struct BwdConfig<64, kIsCausal> {
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
   static constexpr bool kDqOwnKernel = false;
+  static constexpr int kDqChunk = 0;
 };
 template <bool kIsCausal>
 struct BwdConfig<128, kIsCausal> {
@@ -53,6 +56,7 @@ struct BwdConfig<128, kIsCausal> {
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
   static constexpr bool kDqOwnKernel = false;
+  static constexpr int kDqChunk = 0;
 };
 // 32: V in registers (16 per thread) measured +1.4–3 % non-causal and +2–3 %
 // causal at 1k–16k on the H200; at 96 (48 per thread) it was within ±1 %
@@ -76,6 +80,7 @@ struct BwdConfig<96, kIsCausal> {
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = !kIsCausal;
   static constexpr bool kDqOwnKernel = false;
+  static constexpr int kDqChunk = 0;
 };
 // 192 and 256: the dK and dV accumulators of 64 keys take 96 and 128 floats a
 // thread, so keys come in blocks of 64; shared memory is 137 KB (192, one
@@ -93,6 +98,7 @@ struct BwdConfig<192, kIsCausal> {
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
   static constexpr bool kDqOwnKernel = false;
+  static constexpr int kDqChunk = 0;
 };
 // 256 keeps dO double-buffered: single, it ran 6–7 % slower non-causal and
 // 2–4 % causal (1k–16k, H200).
@@ -116,6 +122,7 @@ struct BwdDqConfig {
   static constexpr bool kVInRegs = false;          // the dQ kernel streams V
   static constexpr bool kRowsInRegs = false;       // and stages LSE and D in shared memory
   static constexpr bool kDqOwnKernel = true;       // it is that kernel
+  static constexpr int kDqChunk = 0;
 };
 
 // The tiles for a shared-memory budget (smem_budget.hpp): BwdConfig's and
@@ -123,7 +130,7 @@ struct BwdDqConfig {
 // per block in KB, main kernel (no mask / causal) and the dQ kernel:
 //   head dim  227 KB (the defaults)     163 KB             99 KB
 //   32        114, dQ 32.5              as 227             64 x 128: 65
-//   64        162, dQ 56.5              as 227             64 x 128: 97
+//   64        162, dQ 56.5              as 227             64 x 128: 97; causal 64 x 64: 65
 //   96        116 / 129, dQ 80.5        as 227             128 -> 64 keys: 76 / 89
 //   128       161, dQ 104.5             as 227             64 x 64, one dO buffer: 97; dQ 64 x 32: 68.5
 //   192       137 / 161, dQ 152.5       as 227             32 x 64, one dO buffer: 92.5; dQ 32 x 32: 74.3
@@ -134,7 +141,10 @@ struct BwdDqConfig {
 // kernel, as in the deterministic mode, instead of atomic adds from the main
 // kernel, whose dQ accumulator next to dK and dV spills there: for sm_86
 // (nvcc 13.0) 40-108 B a thread at d192 and up to 840 B at d256, where the
-// main kernel without it spills nothing.
+// main kernel without it spills nothing. kDqChunk: at d64, d96 and d128 the
+// atomic-dQ kernels spilled 4-32 B for sm_86 with the whole dQ tile at once;
+// in chunks none do at d128, and at d64 none once causal takes 64 keys a
+// block (its S and dP fragments; 16 B spilled with 128).
 template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
 struct BwdBudgetConfig : BwdConfig<kHeadDim, kIsCausal> {};
 template <bool kIsCausal>
@@ -144,15 +154,19 @@ struct BwdBudgetConfig<32, kIsCausal, SmemBudget::k99KB> : BwdConfig<32, kIsCaus
 template <bool kIsCausal>
 struct BwdBudgetConfig<64, kIsCausal, SmemBudget::k99KB> : BwdConfig<64, kIsCausal> {
   static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = kIsCausal ? 64 : 128;
+  static constexpr int kDqChunk = 32;
 };
 template <bool kIsCausal>
 struct BwdBudgetConfig<96, kIsCausal, SmemBudget::k99KB> : BwdConfig<96, kIsCausal> {
   static constexpr int kBlockN = 64;
+  static constexpr int kDqChunk = 32;
 };
 template <bool kIsCausal>
 struct BwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB> : BwdConfig<128, kIsCausal> {
   static constexpr int kBlockN = 64;
   static constexpr bool kSingleBufferDo = true;
+  static constexpr int kDqChunk = 64;
 };
 template <bool kIsCausal>
 struct BwdBudgetConfig<192, kIsCausal, SmemBudget::k99KB> : BwdConfig<192, kIsCausal> {
@@ -174,6 +188,7 @@ struct BwdBudgetConfig<256, kIsCausal, SmemBudget::k99KB> {
   static constexpr bool kVInRegs = false;
   static constexpr bool kRowsInRegs = false;
   static constexpr bool kDqOwnKernel = true;
+  static constexpr int kDqChunk = 0;
 };
 
 template <int kHeadDim, SmemBudget kBudget>
@@ -249,6 +264,9 @@ struct BwdTraits {
   static constexpr bool kVInRegs = Config::kVInRegs;
   static constexpr bool kRowsInRegs = Config::kRowsInRegs;
   static constexpr bool kDqOwnKernel = Config::kDqOwnKernel;
+  static constexpr int kDqChunk = Config::kDqChunk > 0 ? Config::kDqChunk : kHeadDim;
+  static_assert(kHeadDim % kDqChunk == 0 && tiles(kBlockM, kDqChunk, Config::kAtomMdQ),
+                "dQ's column chunks tile the head dim and its warp tile");
   static constexpr int kSmemBytes = (kSingleBufferDo ? 3 : 4) * kSmemQBytes + 2 * kSmemKVBytes +
                                     2 * kSmemPdSBytes + (kRowsInRegs ? 0 : 4 * kSmemRowsBytes);
   // dQ kernel: Q, dO, LSE, D single, K and V double-buffered, dS.
