@@ -68,3 +68,12 @@ def require_sm90(direction):
                     f"{torch.cuda.get_device_capability()}")
     if not sm90_built(direction):
         pytest.skip(f"this build has no sm90 {what} kernel (FLASHTILE_CUDA_ARCHS without 90a)")
+
+
+def require_short_fwd_tile():
+    """Skip where the d64 forward has no short-key tile: on the 99 KB tiles
+    (FLASHTILE_TEST_SMEM_BUDGET=99; sm80/fwd_traits.hpp's kFwdShortTile)."""
+    import pytest
+
+    if forced_smem_budget() == 99:
+        pytest.skip("FLASHTILE_TEST_SMEM_BUDGET=99: 99 KB GPUs run no short-key d64 forward tile")

@@ -16,7 +16,8 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks, _ops
-from kernel_names import cuda_kernel_names, fwd_tile_of, require_sm90, sm80_kernels_only, sm90_built
+from kernel_names import (cuda_kernel_names, fwd_tile_of, require_short_fwd_tile, require_sm90, sm80_kernels_only,
+                          sm90_built)
 from reference import assert_close_fa_rule, attention_ref
 
 KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its own
@@ -106,6 +107,7 @@ def test_d64_key_tile_switch(dtype, seqlen_k, tile):
     above (FwdShortConfig): both sides of the switch against the reference,
     and the profiler names the tile that ran (2047: the short tile's partial
     last key block)."""
+    require_short_fwd_tile()
     require_built(64, dtype)
     q, k, v = rand_qkv(2, 300, seqlen_k, 4, 2, 64, dtype)
     with sm80_kernels_only():

@@ -28,7 +28,7 @@ BUDGET_LAUNCHERS = sorted({(d, hd, dn, tuned) for d, hd, dn, variant, needs, tun
 BWD_CASES = [(hd, dn, kb) for d, hd, dn, kb in BUDGET_LAUNCHERS if d == "bwd"]
 FWD_CASES = [(hd, dn, kb) for d, hd, dn, kb in BUDGET_LAUNCHERS if d == "fwd"]
 # The budgets' tiles of the forward (FwdBudgetConfig): (kBlockM, kBlockN).
-FWD_TILES = {(128, 99): (128, 32), (256, 99): (64, 64)}
+FWD_TILES = {(32, 99): (128, 64), (64, 99): (128, 64), (96, 99): (128, 32), (128, 99): (128, 32), (256, 99): (64, 32)}
 BUDGET_INDEX = {99: 0, 163: 1, 227: 2}  # SmemBudget's values
 
 

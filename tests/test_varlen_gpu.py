@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks
-from kernel_names import cuda_kernel_names, fwd_tile_of, sm80_kernels_only
+from kernel_names import cuda_kernel_names, fwd_tile_of, require_short_fwd_tile, sm80_kernels_only
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -131,6 +131,7 @@ def test_varlen_d64_key_tile_switch(dtype_name, lens_k, tile):
     """d64 without a mask switches tiles at 2048 keys (FwdShortConfig) on
     max_seqlen_k: every sequence of a batch runs its longest one's tile, on
     both sides of the switch, and matches the reference."""
+    require_short_fwd_tile()
     require_built(64, dtype_name)
     with sm80_kernels_only():
         _, names = cuda_kernel_names(lambda: check_varlen([70, 0, 129], lens_k, nheads=4, nheads_k=2, head_dim=64,

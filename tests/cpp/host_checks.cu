@@ -748,6 +748,12 @@ int main() {
                                                                                 kSmemLimitSm90Bytes);
   using flashtile::SmemBudget;
   check_fwd_config<FwdTraitsFor<256, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d256 99 KB");
+  check_fwd_config<FwdTraitsFor<32, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d32 99 KB");
+  check_fwd_config<FwdTraitsFor<64, false, cutlass::bfloat16_t, SmemBudget::k99KB, true>>(
+      "fwd d64 99 KB, modifiers (8 warps)");
+  check_fwd_config<FwdTraitsFor<96, true, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d96 causal 99 KB");
+  check_fwd_config<FwdTraitsFor<96, false, cutlass::half_t, SmemBudget::k99KB, true>>(
+      "fwd d96 99 KB fp16, modifiers (8 warps)");
   check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t, SmemBudget::k99KB>>("fwd d128 99 KB");
   check_fwd_config<FwdTraitsFor<128, true, cutlass::half_t, SmemBudget::k99KB>>("fwd d128 causal 99 KB fp16");
   check_fwd_config<FwdTraitsFor<128, false, cutlass::bfloat16_t, SmemBudget::k99KB, true>>(

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "flashtile/params.hpp"
 #include "flashtile/smem_budget.hpp"
@@ -51,10 +52,26 @@ constexpr int fwd_smem_bytes() {
                         FwdTraitsFor<kHeadDim, true, Element, kBudget, false>::kSmemBytes,
                         FwdTraitsFor<kHeadDim, false, Element, kBudget, true>::kSmemBytes,
                         FwdTraitsFor<kHeadDim, true, Element, kBudget, true>::kSmemBytes});
-  if constexpr (FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
+  if constexpr (kFwdShortTile<kHeadDim, kBudget>) {
     bytes = std::max(bytes, FwdShortTraitsFor<kHeadDim, Element>::kSmemBytes);
   }
   return bytes;
+}
+
+// Whether run_fwd's tiles for kBudget are the default ones (a budget's own
+// launcher would then be a copy: generate.py's files check it is not).
+template <int kHeadDim, class Element, SmemBudget kBudget>
+constexpr bool fwd_tiles_are_default() {
+  constexpr SmemBudget kDefault = SmemBudget::k227KB;
+  return std::is_same_v<FwdTraitsFor<kHeadDim, false, Element, kBudget, false>,
+                        FwdTraitsFor<kHeadDim, false, Element, kDefault, false>> &&
+         std::is_same_v<FwdTraitsFor<kHeadDim, true, Element, kBudget, false>,
+                        FwdTraitsFor<kHeadDim, true, Element, kDefault, false>> &&
+         std::is_same_v<FwdTraitsFor<kHeadDim, false, Element, kBudget, true>,
+                        FwdTraitsFor<kHeadDim, false, Element, kDefault, true>> &&
+         std::is_same_v<FwdTraitsFor<kHeadDim, true, Element, kBudget, true>,
+                        FwdTraitsFor<kHeadDim, true, Element, kDefault, true>> &&
+         kFwdShortTile<kHeadDim, kBudget> == kFwdShortTile<kHeadDim, kDefault>;
 }
 
 // The budget those kernels need.
@@ -79,7 +96,7 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   Status status;
   switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
     case MaskKind::kNone:
-      if constexpr (!kScoreMod && FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0) {
+      if constexpr (!kScoreMod && kFwdShortTile<kHeadDim, kBudget>) {
         if (p.seqlen_k <= FwdShortConfig<kHeadDim>::kMaxSeqlenK) {
           status = launch_fwd<FwdShortTraitsFor<kHeadDim, Element>, MaskKind::kNone, kScoreMod>(p, stream);
           break;

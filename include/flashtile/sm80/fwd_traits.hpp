@@ -96,20 +96,45 @@ struct FwdShortConfig<64> {
 
 // The tiles for a shared-memory budget, which is also a class of GPU
 // (smem_budget.hpp), per variant (kScoreMod: softcap, ALiBi, dropout):
-// FwdConfig's where they fit and do not spill there. In 99 KB, d256 without
-// a mask (128 KB) takes the causal 64 × 64 tile (96 KB), and d128
-// FlashAttention-2's sm86/sm89 tile, 128 × 32: ptxas (nvcc 13.0) spills up
-// to 180 B a thread in FwdConfig's 128 × 64 kernels for sm_86 and none in
-// 128 × 32's, for sm_86 or sm_120, but 8 B in one of those with the
-// modifiers for sm_86, which 8 warps of 16 rows remove (212 registers).
+// FwdConfig's where they fit and do not spill there. On 99 KB GPUs they
+// fit everywhere but d256 without a mask (128 KB), yet ptxas (nvcc 13.0)
+// spills for sm_86 in FwdConfig's kernels at d32 (4 B; 164-216 B with the
+// modifiers), d64 (the short 128 x 128 tile 164-184 B; 8-16 B with the
+// modifiers), d96 (8 B; 28-96 B), d128 (up to 180 B) and d256 at 64 x 64
+// (8-16 B; 8-40 B). Their 99 KB tiles halve the keys a block (the S
+// fragment) and, with the modifiers, give each warp 16 rows instead of 32
+// (8 warps: half the O fragment); d256 keeps 64 rows on 4 warps, whose O
+// fragment is 128 floats a thread whatever the tile. d128 is
+// FlashAttention-2's sm86/sm89 tile. None of them spills for sm_86.
 template <int kHeadDim, bool kIsCausal, SmemBudget kBudget, bool kScoreMod = false>
 struct FwdBudgetConfig : FwdConfig<kHeadDim, kIsCausal> {};
-template <bool kScoreMod>
-struct FwdBudgetConfig<256, false, SmemBudget::k99KB, kScoreMod> : FwdConfig<256, true> {};
+template <bool kIsCausal, bool kScoreMod>
+struct FwdBudgetConfig<32, kIsCausal, SmemBudget::k99KB, kScoreMod> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4;
+};
+template <bool kIsCausal, bool kScoreMod>
+struct FwdBudgetConfig<64, kIsCausal, SmemBudget::k99KB, kScoreMod> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = kScoreMod ? 8 : 4;
+};
+// (With the modifiers d96 keeps 64 keys: 8 warps copy 64 rows of its
+// 32-column swizzle atoms at a time.)
+template <bool kIsCausal, bool kScoreMod>
+struct FwdBudgetConfig<96, kIsCausal, SmemBudget::k99KB, kScoreMod> {
+  static constexpr int kBlockM = 128, kBlockN = kScoreMod ? 64 : 32, kNWarps = kScoreMod ? 8 : 4;
+};
 template <bool kIsCausal, bool kScoreMod>
 struct FwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB, kScoreMod> {
   static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = kScoreMod ? 8 : 4;
 };
+template <bool kIsCausal, bool kScoreMod>
+struct FwdBudgetConfig<256, kIsCausal, SmemBudget::k99KB, kScoreMod> {
+  static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4;
+};
+
+// FwdShortConfig's tile runs where it was measured to pay and does not
+// spill: not on 99 KB GPUs (d64's 128 x 128 spills 164-184 B for sm_86).
+template <int kHeadDim, SmemBudget kBudget>
+constexpr bool kFwdShortTile = FwdShortConfig<kHeadDim>::kMaxSeqlenK > 0 && kBudget != SmemBudget::k99KB;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
 struct FwdTraits {

@@ -262,17 +262,37 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
       if (n + kStages < n_end) locate_rows(n + kStages);  // used next iteration
     }
     cp_async_fence();
-    if (i == 0) copy(smem_copy_Q, smem_thr_copy_Q.partition_S(sQ), tSrQ_view);
-
     const int stage = i % kStages;
     Tensor sKw = local_tile(stage_K(stage), ShapeKw{}, make_coord(warp, 0));    // (kKeys, kHeadDim)
     Tensor sVtw = local_tile(stage_Vt(stage), ShapeVtw{}, make_coord(0, warp));  // (kHeadDim, kKeys)
-    copy(smem_copy_K, smem_thr_copy_K.partition_S(sKw), tSrK_view);
     Tensor acc_s = partition_fragment_C(warp_mma, ShapeS{});  // (MMA, 1, kKeys/8)
     clear(acc_s);
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tSrQ); ++k) gemm(warp_mma, tSrQ(_, _, k), tSrK(_, _, k), acc_s);
-    copy(smem_copy_V, smem_thr_copy_V.partition_S(sVtw), tOrVt_view);
+    if constexpr (Traits::kStreamQK) {
+      // Q and K a 16-column slice at a time, the next slice's ldmatrix ahead
+      // of this one's product: neither operand stays whole in registers.
+      Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);   // (CPY, 1, kHeadDim/16)
+      Tensor tSsK = smem_thr_copy_K.partition_S(sKw);  // (CPY, kKeys/16, kHeadDim/16)
+      copy(smem_copy_Q, tSsQ(_, _, 0), tSrQ_view(_, _, 0));
+      copy(smem_copy_K, tSsK(_, _, 0), tSrK_view(_, _, 0));
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tSrQ); ++k) {
+        if (k + 1 < size<2>(tSrQ)) {
+          copy(smem_copy_Q, tSsQ(_, _, k + 1), tSrQ_view(_, _, k + 1));
+          copy(smem_copy_K, tSsK(_, _, k + 1), tSrK_view(_, _, k + 1));
+        }
+        gemm(warp_mma, tSrQ(_, _, k), tSrK(_, _, k), acc_s);
+      }
+    } else {
+      if (i == 0) copy(smem_copy_Q, smem_thr_copy_Q.partition_S(sQ), tSrQ_view);
+      copy(smem_copy_K, smem_thr_copy_K.partition_S(sKw), tSrK_view);
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tSrQ); ++k) gemm(warp_mma, tSrQ(_, _, k), tSrK(_, _, k), acc_s);
+    }
+    // V's ldmatrix overlaps the softmax, but for kStreamQK, where its
+    // fragment (64 registers at d256) would sit beside the O accumulator
+    // through it (with both, for sm_86 d192 spills nothing and d256 24 B;
+    // for sm_120 neither spills).
+    if constexpr (!Traits::kStreamQK) copy(smem_copy_V, smem_thr_copy_V.partition_S(sVtw), tOrVt_view);
 
     Tensor scores = rowcol_view(acc_s);  // (2, kKeys/4)
     if (has_softcap) score_mod.apply_softcap(acc_s);
@@ -302,6 +322,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
       }
     }
     softmax.update(scores, acc_o_rowcol);
+    if constexpr (Traits::kStreamQK) copy(smem_copy_V, smem_thr_copy_V.partition_S(sVtw), tOrVt_view);
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_to_operand_a_layout(rP.layout()));  // ((2,2,2), 1, 1)
     gemm(warp_mma, tOrP(_, _, 0), tOrVt(_, _, 0), acc_o);

@@ -47,6 +47,11 @@ struct KvCacheTraits {
   static constexpr int kBlockM = 16;
   static constexpr int kKeysPerWarp = 16;
   static constexpr int kBlockN = kKeysPerWarp * kNWarps;
+  // Head dims above 128 read Q and K from shared memory a slice at a time
+  // each key block instead of holding Q's and a block's K fragments whole:
+  // beside the O accumulator (96 and 128 floats a thread) those spilled 56
+  // and 276 B for sm_86 (nvcc 13.0). The H200's decode runs d128.
+  static constexpr bool kStreamQK = kHeadDim > 128;
   static_assert(kHeadDim % 32 == 0, "swizzle atoms tile whole 32- or 64-column rows");
 
   // One warp's products: S (16 × 16 keys) = Q·Kᵀ, O (16 × head dim) += P·V.
