@@ -80,7 +80,6 @@ import functools
 import gc
 import itertools
 import math
-import os
 import random
 import re
 import shlex
@@ -97,7 +96,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from plot_results import format_meta, plot_results, write_results
+from plot_results import format_meta, plot_results, results_dir, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENS = 16384  # batch · seqlen
@@ -923,8 +922,7 @@ def points(cases: list[Case]) -> list[list[Case]]:
 def output_paths(args, gpu_slug: str) -> tuple[Path | None, Path | None]:
     csv_path = args.out
     if csv_path is None and not args.narrowed:
-        run_dir = Path(os.environ.get("FLASHTILE_RESULTS_DIR") or Path.home() / "flashtile-results")
-        csv_path = run_dir / f"{gpu_slug}{'' if args.dtype == 'bf16' else '-' + args.dtype}.csv"
+        csv_path = results_dir() / f"{gpu_slug}{'' if args.dtype == 'bf16' else '-' + args.dtype}.csv"
     png_path = args.plot or (csv_path.with_suffix(".png") if csv_path else None)
     return csv_path, png_path
 

@@ -35,8 +35,6 @@ repeats.
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -117,6 +115,7 @@ def main(argv=None) -> int:
 
     import flashtile
     from bench_attention import run_metadata  # the CSV's first line, as the main job's
+    from plot_results import results_dir, write_table
 
     meta = run_metadata(args)
     print(", ".join(f"{key}={value}" for key, value in meta.items()))
@@ -192,14 +191,8 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
 
     if not args.quick:
-        out_path = args.out or Path(os.environ.get("FLASHTILE_RESULTS_DIR", Path.home() / "flashtile-results")) / \
-            "h200-decode.csv"
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(out_path, "w", newline="") as f:
-            f.write("# " + ", ".join(f"{key}={value}" for key, value in meta.items()) + "\n")
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
+        out_path = args.out or results_dir() / "h200-decode.csv"
+        write_table(out_path, meta, COLUMNS, rows)
         print(f"wrote {out_path}")
     return 1 if failed else 0
 

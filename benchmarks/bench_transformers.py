@@ -25,8 +25,6 @@ median of the repeats; tokens/s counts the real (unpadded) tokens.
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -103,6 +101,7 @@ def main(argv=None) -> int:
     import flashtile.integrations.transformers as ft_transformers
     from bench_attention import run_metadata
     from kernel_names import cuda_kernel_names
+    from plot_results import results_dir, write_table
 
     name = ft_transformers.register()
     meta = run_metadata(args)
@@ -149,14 +148,8 @@ def main(argv=None) -> int:
                                  layers=args.layers, ms=f"{ms:.3f}", tokens_per_s=f"{rate:.0f}",
                                  loss=f"{loss:.4f}"))
 
-    out_path = args.out or Path(os.environ.get("FLASHTILE_RESULTS_DIR", Path.home() / "flashtile-results")) / \
-        "h200-transformers.csv"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "w", newline="") as f:
-        f.write("# " + ", ".join(f"{key}={value}" for key, value in meta.items()) + "\n")
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    out_path = args.out or results_dir() / "h200-transformers.csv"
+    write_table(out_path, meta, COLUMNS, rows)
     print(f"wrote {out_path}")
     return 1 if failed else 0
 

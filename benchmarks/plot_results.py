@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -64,6 +65,23 @@ def parse_meta(line: str) -> dict[str, str]:
     if cmd:
         meta["cmd"] = cmd
     return meta
+
+
+def results_dir() -> Path:
+    """Where a benchmark's full run goes by default: $FLASHTILE_RESULTS_DIR,
+    else ~/flashtile-results (never the checkout)."""
+    return Path(os.environ.get("FLASHTILE_RESULTS_DIR") or Path.home() / "flashtile-results")
+
+
+def write_table(path: Path, meta: dict[str, str], columns: list[str], rows: list[dict]) -> None:
+    """A results CSV of another benchmark's columns: the meta comment line,
+    the header, the rows as given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        f.write(format_meta(meta) + "\n")
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def write_results(path: Path, meta: dict[str, str], rows: list[dict]) -> None:
