@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import dataclasses
 import functools
 import gc
@@ -96,7 +95,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from plot_results import format_meta, plot_results, results_dir, write_results
+from plot_results import plot_results, results_dir, write_results, write_table
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENS = 16384  # batch · seqlen
@@ -810,15 +809,6 @@ def print_memory_table(rows: list[dict]) -> None:
               f"{r['fwdbwd_peak_bytes'] / r['tensor_bytes']:>11.2f}")
 
 
-def write_memory(path: Path, meta: dict[str, str], rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        f.write(format_meta(meta) + "\n")
-        writer = csv.DictWriter(f, fieldnames=MEMORY_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def memory_run(args, meta: dict[str, str], csv_path: Path | None) -> None:
     rows = []
     for m in memory_plan(args.dtype):
@@ -836,7 +826,7 @@ def memory_run(args, meta: dict[str, str], csv_path: Path | None) -> None:
     print_memory_table(rows)
     if csv_path:
         path = memory_path(csv_path)
-        write_memory(path, meta, rows)
+        write_table(path, meta, list(MEMORY_COLUMNS), rows)
         print(f"wrote {path}")
 
 

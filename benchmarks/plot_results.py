@@ -85,13 +85,8 @@ def write_table(path: Path, meta: dict[str, str], columns: list[str], rows: list
 
 
 def write_results(path: Path, meta: dict[str, str], rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        f.write(format_meta(meta) + "\n")
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "ms": f"{row['ms']:.4f}", "tflops": f"{row['tflops']:.1f}"})
+    write_table(path, meta, list(COLUMNS),
+                [{**row, "ms": f"{row['ms']:.4f}", "tflops": f"{row['tflops']:.1f}"} for row in rows])
 
 
 def read_results(path: Path) -> tuple[dict[str, str], list[dict]]:
