@@ -15,6 +15,7 @@ import torch
 import flashtile
 from flashtile import _C
 from kernel_names import cuda_kernel_names, forced_smem_budget, fwd_tile_of
+from reference import assert_close_fa_rule, attention_ref
 import test_dropout_gpu
 from test_backward_gpu import DTYPES, check_grads, flash_grads, rand_qkv, require_built
 from test_forward_gpu import check_against_reference
@@ -29,6 +30,9 @@ BWD_CASES = [(hd, dn, kb) for d, hd, dn, kb in BUDGET_LAUNCHERS if d == "bwd"]
 FWD_CASES = [(hd, dn, kb) for d, hd, dn, kb in BUDGET_LAUNCHERS if d == "fwd"]
 # The budgets' tiles of the forward (FwdBudgetConfig): (kBlockM, kBlockN).
 FWD_TILES = {(32, 99): (128, 64), (64, 99): (128, 64), (96, 99): (128, 32), (128, 99): (128, 32), (256, 99): (64, 32)}
+# ... and of its variant with softcap, ALiBi or dropout.
+FWD_TILES_SCOREMOD = {(32, 99): (128, 64), (64, 99): (128, 64), (96, 99): (128, 64), (128, 99): (128, 32),
+                      (256, 99): (64, 16)}
 BUDGET_INDEX = {99: 0, 163: 1, 227: 2}  # SmemBudget's values
 
 
@@ -83,6 +87,21 @@ def test_forward_on_budget_tiles(head_dim, dtype_name, kb, causal):
             lambda: flashtile.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True))
     assert fwd_tile_of(names) == FWD_TILES[(head_dim, kb)]
     check_against_reference(q, k, v, out, lse, causal)
+
+
+@pytest.mark.parametrize("head_dim, dtype_name, kb", FWD_CASES)
+def test_forward_softcap_alibi_on_budget_tiles(head_dim, dtype_name, kb):
+    require_case(head_dim, dtype_name)
+    q, k, v = rand_qkv(2, 300, 257, 4, 2, head_dim, DTYPES[dtype_name], requires_grad=False)
+    slopes = torch.rand(2, 4, device="cuda", dtype=torch.float32) * 0.3
+    with smem_budget(kb):
+        (out, lse, _), names = cuda_kernel_names(lambda: flashtile.flash_attn_func(
+            q, k, v, causal=True, softcap=5.0, alibi_slopes=slopes, return_attn_probs=True))
+    assert fwd_tile_of(names) == FWD_TILES_SCOREMOD[(head_dim, kb)]
+    ref_out, ref_lse = attention_ref(q, k, v, causal=True, softcap=5.0, alibi_slopes=slopes)
+    pt_out, pt_lse = attention_ref(q, k, v, causal=True, softcap=5.0, alibi_slopes=slopes, upcast=False)
+    assert_close_fa_rule(out, ref_out, pt_out, "out")
+    assert_close_fa_rule(lse, ref_lse, pt_lse, "lse")
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -104,7 +104,8 @@ struct FwdShortConfig<64> {
 // (8-16 B; 8-40 B). Their 99 KB tiles halve the keys a block (the S
 // fragment) and, with the modifiers, give each warp 16 rows instead of 32
 // (8 warps: half the O fragment); d256 keeps 64 rows on 4 warps, whose O
-// fragment is 128 floats a thread whatever the tile. d128 is
+// fragment is 128 floats a thread whatever the tile, and with the
+// modifiers takes 16 keys a block (at 32 it spilled 4-8 B). d128 is
 // FlashAttention-2's sm86/sm89 tile. None of them spills for sm_86.
 template <int kHeadDim, bool kIsCausal, SmemBudget kBudget, bool kScoreMod = false>
 struct FwdBudgetConfig : FwdConfig<kHeadDim, kIsCausal> {};
@@ -128,7 +129,7 @@ struct FwdBudgetConfig<128, kIsCausal, SmemBudget::k99KB, kScoreMod> {
 };
 template <bool kIsCausal, bool kScoreMod>
 struct FwdBudgetConfig<256, kIsCausal, SmemBudget::k99KB, kScoreMod> {
-  static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4;
+  static constexpr int kBlockM = 64, kBlockN = kScoreMod ? 16 : 32, kNWarps = 4;
 };
 
 // FwdShortConfig's tile runs where it was measured to pay and does not

@@ -5,15 +5,16 @@
 // blocks they see. Decoding has one query per sequence: the rows are few,
 // the keys many, and the kernel is a stream of cache reads that must keep
 // HBM busy. So the warps do not divide the rows, as the forward's do; each
-// takes its own 16 keys of every key block, with a softmax state of its own:
+// key group (one warp, or at d256 two, each with half of O's columns) takes
+// its own 16 keys of every key block, with a softmax state of its own:
 //
 //   load Q's 16 rows; start loading key blocks 0 .. kStages−2
 //   for each key block n of this split:
 //     wait K[n], V[n]; start loading block n + kStages − 1 into the
 //       stage every warp has finished with
-//     each warp: S = Q·K[n, its 16 keys]ᵀ, softcap, ALiBi, mask,
-//       online softmax, O += P·V[n, its 16 keys]
-//   merge the warps' (max, sum, O) in shared memory
+//     each warp: S = Q·K[n, its group's 16 keys]ᵀ, softcap, ALiBi, mask,
+//       online softmax, O[:, its columns] += P·V[n, its group's 16 keys]
+//   merge the key groups' (max, sum, O) in shared memory
 //   one split: write O and the logsumexp; several: write the normalized
 //     partial O and its logsumexp (fp32) for the combine kernel
 //
@@ -82,14 +83,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
-  constexpr int kNWarps = Traits::kNWarps;
+  constexpr int kKeyGroups = Traits::kKeyGroups;
+  constexpr int kOCols = Traits::kOCols;
   constexpr int kKeys = Traits::kKeysPerWarp;
   constexpr int kChunksPerRow = Traits::kChunksPerRow;
   constexpr int kChunkElems = 16 / int(sizeof(Element));
-  using ShapeQ = Shape<Int<kBlockM>, Int<kHeadDim>>;       // a warp's Q and O
-  using ShapeKw = Shape<Int<kKeys>, Int<kHeadDim>>;        // a warp's keys of a block
-  using ShapeVtw = Shape<Int<kHeadDim>, Int<kKeys>>;       // the same keys' Vᵀ
-  using ShapeS = Shape<Int<kBlockM>, Int<kKeys>>;          // a warp's scores
+  using ShapeQ = Shape<Int<kBlockM>, Int<kHeadDim>>;       // Q
+  using ShapeO = Shape<Int<kBlockM>, Int<kOCols>>;         // a warp's columns of O
+  using ShapeKw = Shape<Int<kKeys>, Int<kHeadDim>>;        // a key group's keys of a block
+  using ShapeVtw = Shape<Int<kOCols>, Int<kKeys>>;         // the same keys' Vᵀ, a warp's columns
+  using ShapeS = Shape<Int<kBlockM>, Int<kKeys>>;          // a key group's scores
 
   extern __shared__ __align__(128) char smem[];
 
@@ -99,6 +102,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   const int batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
+  const int key_group = warp / Traits::kOSplit;
+  const int o_part = warp % Traits::kOSplit;  // O's columns [o_part · kOCols, + kOCols)
   const int lane = tid % 32;
   const int group = params.nheads / params.nheads_k;
   const int seqlen_q = params.seqlen_q;
@@ -216,8 +221,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   auto shaped = [&](auto shape) { return make_tensor(make_smem_ptr(q_smem), make_layout(shape)); };
   Tensor tSrQ = thr_mma.partition_fragment_A(shaped(ShapeQ{}));    // (MMA, 1, kHeadDim/16)
   Tensor tSrK = thr_mma.partition_fragment_B(shaped(ShapeKw{}));   // (MMA, kKeys/8, kHeadDim/16)
-  Tensor tOrVt = thr_mma.partition_fragment_B(shaped(ShapeVtw{}));  // (MMA, kHeadDim/8, 1)
-  Tensor acc_o = partition_fragment_C(warp_mma, ShapeQ{});                       // (MMA, 1, kHeadDim/8)
+  Tensor tOrVt = thr_mma.partition_fragment_B(shaped(ShapeVtw{}));  // (MMA, kOCols/8, 1)
+  Tensor acc_o = partition_fragment_C(warp_mma, ShapeO{});                       // (MMA, 1, kOCols/8)
   Tensor tScS = thr_mma.partition_C(make_identity_tensor(ShapeS{}));              // (MMA, 1, kKeys/8) -> (row, col)
   auto smem_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, warp_mma);
   auto smem_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, warp_mma);
@@ -227,7 +232,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   auto smem_thr_copy_V = smem_copy_V.get_slice(lane);
   Tensor tSrQ_view = smem_thr_copy_Q.retile_D(tSrQ);    // (CPY, 1, kHeadDim/16)
   Tensor tSrK_view = smem_thr_copy_K.retile_D(tSrK);    // (CPY, kKeys/16, kHeadDim/16)
-  Tensor tOrVt_view = smem_thr_copy_V.retile_D(tOrVt);  // (CPY, kHeadDim/16, 1)
+  Tensor tOrVt_view = smem_thr_copy_V.retile_D(tOrVt);  // (CPY, kOCols/16, 1)
 
   // This thread's two rows (c0 and c2 of the m16n8 accumulator): their
   // queries and, with ALiBi, slopes.
@@ -251,7 +256,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
 
   OnlineSoftmax<2> softmax(scale * float(M_LOG2E));
   clear(acc_o);
-  Tensor acc_o_rowcol = rowcol_view(acc_o);  // (2, kHeadDim)
+  Tensor acc_o_rowcol = rowcol_view(acc_o);  // (2, kOCols)
 
   for (int n = n_begin; n < n_end; ++n) {
     const int i = n - n_begin;
@@ -263,8 +268,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
     }
     cp_async_fence();
     const int stage = i % kStages;
-    Tensor sKw = local_tile(stage_K(stage), ShapeKw{}, make_coord(warp, 0));    // (kKeys, kHeadDim)
-    Tensor sVtw = local_tile(stage_Vt(stage), ShapeVtw{}, make_coord(0, warp));  // (kHeadDim, kKeys)
+    Tensor sKw = local_tile(stage_K(stage), ShapeKw{}, make_coord(key_group, 0));         // (kKeys, kHeadDim)
+    Tensor sVtw = local_tile(stage_Vt(stage), ShapeVtw{}, make_coord(o_part, key_group));  // (kOCols, kKeys)
     Tensor acc_s = partition_fragment_C(warp_mma, ShapeS{});  // (MMA, 1, kKeys/8)
     clear(acc_s);
     if constexpr (Traits::kStreamQK) {
@@ -289,14 +294,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
       for (int k = 0; k < size<2>(tSrQ); ++k) gemm(warp_mma, tSrQ(_, _, k), tSrK(_, _, k), acc_s);
     }
     // V's ldmatrix overlaps the softmax, but for kStreamQK, where its
-    // fragment (64 registers at d256) would sit beside the O accumulator
-    // through it (with both, for sm_86 d192 spills nothing and d256 24 B;
-    // for sm_120 neither spills).
+    // fragment (48 registers at d192) would sit beside the O accumulator
+    // through it.
     if constexpr (!Traits::kStreamQK) copy(smem_copy_V, smem_thr_copy_V.partition_S(sVtw), tOrVt_view);
 
     Tensor scores = rowcol_view(acc_s);  // (2, kKeys/4)
     if (has_softcap) score_mod.apply_softcap(acc_s);
-    const int key0 = n * kBlockN + warp * kKeys;
+    const int key0 = n * kBlockN + key_group * kKeys;
     if (has_alibi) {
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -330,23 +334,23 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages the merge reuses
 
-  // Merge the warps: each writes its row maxima (raw score units), row sums
-  // and unnormalized O; then every thread combines a slice of the rows.
-  float* merge_o = reinterpret_cast<float*>(k_smem);       // (kNWarps, kBlockM, kHeadDim)
-  float* merge_max = merge_o + kNWarps * kBlockM * kHeadDim;  // (kNWarps, kBlockM)
-  float* merge_sum = merge_max + kNWarps * kBlockM;           // (kNWarps, kBlockM)
-  Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(ShapeQ{})));  // (2, kHeadDim) -> (row, col)
+  // Merge the key groups: each writes its row maxima (raw score units), row
+  // sums and unnormalized O; then every thread combines a slice of the rows.
+  float* merge_o = reinterpret_cast<float*>(k_smem);             // (kKeyGroups, kBlockM, kHeadDim)
+  float* merge_max = merge_o + kKeyGroups * kBlockM * kHeadDim;  // (kKeyGroups, kBlockM)
+  float* merge_sum = merge_max + kKeyGroups * kBlockM;           // (kKeyGroups, kBlockM)
+  Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(ShapeO{})));  // (2, kOCols) -> (row, col)
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int row = get<0>(tOcO(r, 0));
     const float sum = quad_allreduce(softmax.row_sum(r), SumOp{});
-    if (lane % 4 == 0) {
-      merge_max[warp * kBlockM + row] = softmax.row_max(r);
-      merge_sum[warp * kBlockM + row] = sum;
+    if (lane % 4 == 0 && o_part == 0) {  // a group's warps hold the same maxima and sums
+      merge_max[key_group * kBlockM + row] = softmax.row_max(r);
+      merge_sum[key_group * kBlockM + row] = sum;
     }
     CUTE_UNROLL
     for (int c = 0; c < size<1>(acc_o_rowcol); ++c) {
-      merge_o[(warp * kBlockM + row) * kHeadDim + get<1>(tOcO(r, c))] = acc_o_rowcol(r, c);
+      merge_o[(key_group * kBlockM + row) * kHeadDim + o_part * kOCols + get<1>(tOcO(r, c))] = acc_o_rowcol(r, c);
     }
   }
   __syncthreads();
@@ -359,11 +363,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   const float scale_log2 = scale * float(M_LOG2E);
   float row_max = -INFINITY;
   CUTE_UNROLL
-  for (int w = 0; w < kNWarps; ++w) row_max = fmaxf(row_max, merge_max[w * kBlockM + row]);
-  float factor[kNWarps];
+  for (int w = 0; w < kKeyGroups; ++w) row_max = fmaxf(row_max, merge_max[w * kBlockM + row]);
+  float factor[kKeyGroups];
   float row_sum = 0.f;
   CUTE_UNROLL
-  for (int w = 0; w < kNWarps; ++w) {
+  for (int w = 0; w < kKeyGroups; ++w) {
     const float m = merge_max[w * kBlockM + row];
     factor[w] = m == -INFINITY ? 0.f : fast_exp2((m - row_max) * scale_log2);
     row_sum += factor[w] * merge_sum[w * kBlockM + row];
@@ -376,7 +380,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   for (int c = 0; c < kColsPerThread; ++c) {
     float acc = 0.f;
     CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) acc += factor[w] * merge_o[(w * kBlockM + row) * kHeadDim + col0 + c];
+    for (int w = 0; w < kKeyGroups; ++w) acc += factor[w] * merge_o[(w * kBlockM + row) * kHeadDim + col0 + c];
     o[c] = acc * inv_sum;
   }
 

@@ -16,21 +16,26 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-// Per head dim: warps (each takes 16 keys of every key block) and pipeline
-// stages. Every configuration fits 99 KB of shared memory (sm86, sm89,
-// sm120), so one instantiation runs on every GPU; a stage is one key block
-// of K and V, 16-32 KB.
+// Per head dim: warps, how many warps share a key group (each holding its
+// own columns of O), and pipeline stages. Every configuration fits 99 KB of
+// shared memory (sm86, sm89, sm120), so one instantiation runs on every
+// GPU; a stage is one key block of K and V, 16-32 KB.
 template <int kHeadDim>
 struct KvCacheConfig {
-  static constexpr int kNWarps = 4, kStages = kHeadDim <= 32 ? 6 : kHeadDim <= 64 ? 4 : kHeadDim <= 96 ? 3 : 2;
+  static constexpr int kNWarps = 4, kOSplit = 1,
+                       kStages = kHeadDim <= 32 ? 6 : kHeadDim <= 64 ? 4 : kHeadDim <= 96 ? 3 : 2;
 };
 template <>
 struct KvCacheConfig<192> {
-  static constexpr int kNWarps = 2, kStages = 3;
+  static constexpr int kNWarps = 2, kOSplit = 1, kStages = 3;
 };
+// d256: a warp holding all of O (128 floats a thread) spilled 24 B for
+// sm_86 (nvcc 13.0) however Q, K and V were sliced; two warps a key group,
+// each with half of O's columns, spill nothing. Both compute the group's
+// scores: decoding waits on memory, not on that product.
 template <>
 struct KvCacheConfig<256> {
-  static constexpr int kNWarps = 2, kStages = 2;
+  static constexpr int kNWarps = 4, kOSplit = 2, kStages = 2;
 };
 
 template <int kHeadDim_, class Element_>
@@ -39,14 +44,19 @@ struct KvCacheTraits {
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarps = KvCacheConfig<kHeadDim>::kNWarps;
+  static constexpr int kOSplit = KvCacheConfig<kHeadDim>::kOSplit;
   static constexpr int kStages = KvCacheConfig<kHeadDim>::kStages;
   static constexpr int kNThreads = 32 * kNWarps;
+  // Warp w takes key group w / kOSplit and O's columns part w % kOSplit.
+  static constexpr int kKeyGroups = kNWarps / kOSplit;
+  static constexpr int kOCols = kHeadDim / kOSplit;  // a warp's columns of O
+  static_assert(kNWarps % kOSplit == 0 && kOCols % 32 == 0);
   // Query rows are (query, head of the KV head's group) pairs, packed; 16 of
   // them are one MMA tile. Decoding (one query, groups of 1-8 heads) fills
   // part of it; memory, not the tensor cores, bounds that case.
   static constexpr int kBlockM = 16;
   static constexpr int kKeysPerWarp = 16;
-  static constexpr int kBlockN = kKeysPerWarp * kNWarps;
+  static constexpr int kBlockN = kKeysPerWarp * kKeyGroups;
   // Head dims above 128 read Q and K from shared memory a slice at a time
   // each key block instead of holding Q's and a block's K fragments whole:
   // beside the O accumulator (96 and 128 floats a thread) those spilled 56
@@ -54,7 +64,7 @@ struct KvCacheTraits {
   static constexpr bool kStreamQK = kHeadDim > 128;
   static_assert(kHeadDim % 32 == 0, "swizzle atoms tile whole 32- or 64-column rows");
 
-  // One warp's products: S (16 × 16 keys) = Q·Kᵀ, O (16 × head dim) += P·V.
+  // One warp's products: S (16 × 16 keys) = Q·Kᵀ, O (16 × kOCols) += P·V.
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
                                      MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,
                                      MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
@@ -75,9 +85,9 @@ struct KvCacheTraits {
   static constexpr int kSmemQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemKVBytes = cosize_v<SmemLayoutKV> * int(sizeof(Element));  // one stage of K or V
   static constexpr int kSmemPipelineBytes = 2 * kStages * kSmemKVBytes;
-  // The epilogue reuses the pipeline's bytes for each warp's unnormalized O,
-  // row maxima and row sums (fp32), merged across warps.
-  static constexpr int kSmemMergeBytes = kNWarps * kBlockM * (kHeadDim + 2) * 4;
+  // The epilogue reuses the pipeline's bytes for each key group's
+  // unnormalized O, row maxima and row sums (fp32), merged across groups.
+  static constexpr int kSmemMergeBytes = kKeyGroups * kBlockM * (kHeadDim + 2) * 4;
   static_assert(kSmemMergeBytes <= kSmemPipelineBytes);
   static constexpr int kSmemBytes = kSmemQBytes + kSmemPipelineBytes;
   static_assert(kSmemBytes <= 99 * 1024, "runs on every GPU from sm80 up");
