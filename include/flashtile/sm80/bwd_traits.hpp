@@ -140,11 +140,13 @@ struct BwdDqConfig {
 // Chosen to fit; not yet timed. kDqOwnKernel: dQ always comes from the dQ
 // kernel, as in the deterministic mode, instead of atomic adds from the main
 // kernel, whose dQ accumulator next to dK and dV spills there: for sm_86
-// (nvcc 13.0) 40-108 B a thread at d192 and up to 840 B at d256, where the
-// main kernel without it spills nothing. kDqChunk: at d64, d96 and d128 the
-// atomic-dQ kernels spilled 4-32 B for sm_86 with the whole dQ tile at once;
-// in chunks none do at d128, and at d64 none once causal takes 64 keys a
-// block (its S and dP fragments; 16 B spilled with 128).
+// (nvcc 13.0) up to 840 B at d256, where the main kernel without it spills
+// nothing. kDqChunk: at d64, d96 and d128 the
+// atomic-dQ kernels spilled 4-32 B for sm_86 with the whole dQ tile at once,
+// and 40-108 B at d192; in chunks none do at d128 and d192, and at d64 none
+// once causal takes 64 keys a block (its S and dP fragments; 16 B spilled
+// with 128). The dQ kernel instead of atomics costs 1.3-1.5x at d192 on the
+// H200 (benchmarks/NOTES.md), so d192 takes the chunks.
 template <int kHeadDim, bool kIsCausal, SmemBudget kBudget>
 struct BwdBudgetConfig : BwdConfig<kHeadDim, kIsCausal> {};
 template <bool kIsCausal>
@@ -173,7 +175,7 @@ struct BwdBudgetConfig<192, kIsCausal, SmemBudget::k99KB> : BwdConfig<192, kIsCa
   static constexpr int kBlockM = 32;
   static constexpr int kAtomMSdP = 2;
   static constexpr bool kSingleBufferDo = true;
-  static constexpr bool kDqOwnKernel = true;
+  static constexpr int kDqChunk = 64;
 };
 template <bool kIsCausal>
 struct BwdBudgetConfig<256, kIsCausal, SmemBudget::k163KB> : BwdConfig<256, kIsCausal> {
