@@ -1,8 +1,9 @@
 """The ring's schedule and merges (flashtile.distributed), on the CPU: the
 kernels replaced by a float64 stand-in (the forward's out and lse, and the
 backward from the whole ring's out and lse, as the kernels compute them), so
-that N virtual ranks must reproduce dense attention over the whole sequence
-to float64 rounding. test_ring_gpu.py runs the same with the kernels."""
+that N virtual ranks, and ring_flash_attn_func across gloo processes, must
+reproduce dense attention over the whole sequence to float64 rounding.
+test_ring_gpu.py runs the virtual ranks with the kernels."""
 
 import pytest
 import torch
@@ -63,6 +64,42 @@ def test_simulated_ring_is_dense_attention(stand_in, world_size, causal, nheads,
     _, ref_grads = attention_ref_backward(q.detach(), k.detach(), v.detach(), dout, causal=causal, softmax_scale=0.3)
     for name, g, r in zip("qkv", grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def _ring_rank(rank, world_size, init_file, out_dir, causal):
+    """One gloo rank of test_ring_over_gloo_is_dense_attention: its slice of
+    the shared inputs through ring_flash_attn_func, forward and backward."""
+    import torch.distributed as dist
+    distributed._KERNELS = StandInKernels
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    q, k, v, dout = torch.load(f"{out_dir}/inputs.pt")
+    local = [distributed.zigzag_split(t, world_size, rank).requires_grad_() for t in (q, k, v)]
+    out, lse = distributed.ring_flash_attn_func(*local, softmax_scale=0.3, causal=causal, return_lse=True)
+    grads = torch.autograd.grad(out, local, distributed.zigzag_split(dout, world_size, rank))
+    torch.save([out.detach(), lse, *grads], f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ring_over_gloo_is_dense_attention(tmp_path, world_size, causal):
+    """ring_flash_attn_func itself, across processes (gloo on the CPU, the
+    stand-in kernels): the ranks' slices put together are dense attention."""
+    torch.manual_seed(7)
+    seqlen = 2 * world_size * 4
+    q, k, v = (torch.randn(1, seqlen, h, 8, dtype=torch.float64) for h in (4, 2, 2))
+    dout = torch.randn(1, seqlen, 4, 8, dtype=torch.float64)
+    torch.save([q, k, v, dout], tmp_path / "inputs.pt")
+    torch.multiprocessing.spawn(_ring_rank, args=(world_size, str(tmp_path / "init"), str(tmp_path), causal),
+                                nprocs=world_size)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+    out, dq, dk, dv = (distributed.zigzag_unsplit([r[i] for r in results]) for i in (0, 2, 3, 4))
+    lse = distributed.zigzag_unsplit([r[1] for r in results], dim=2)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=0.3)
+    _, ref_grads = attention_ref_backward(q, k, v, dout, causal=causal, softmax_scale=0.3)
+    expected = (ref_out, ref_lse, *ref_grads)
+    for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), expected):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_zigzag_split_and_unsplit():

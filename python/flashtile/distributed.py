@@ -156,17 +156,25 @@ class _BackwardState:
                     torch.zeros(v.shape, dtype=_acc_dtype(v), device=v.device))
 
     def step(self, source, softmax_scale, causal):
+        """This step's gradients: dq added here; (key rows, dk, dv) returned
+        for add_dkv, or None, so that the held keys' accumulators may still
+        be on their way while the kernels run."""
         rows = _step_slices(self.rank, source, self.q.shape[1], causal)
         if rows is None:
-            return
+            return None
         q_rows, k_rows, step_causal = rows
         k, v = self.kv
         dq, dk, dv = _KERNELS.bwd(self.dout[:, q_rows], self.q[:, q_rows], k[:, k_rows], v[:, k_rows],
                                   self.out[:, q_rows], self.lse[:, :, q_rows].contiguous(), softmax_scale,
                                   step_causal)
         self.dq[:, q_rows] += dq
-        self.dkv[0][:, k_rows] += dk
-        self.dkv[1][:, k_rows] += dv
+        return k_rows, dk, dv
+
+    def add_dkv(self, partial):
+        if partial is not None:
+            k_rows, dk, dv = partial
+            self.dkv[0][:, k_rows] += dk
+            self.dkv[1][:, k_rows] += dv
 
 
 # --------------------------------------------------------------------------
@@ -199,7 +207,7 @@ def _simulated_backward(dout_slices, q_slices, k_slices, v_slices, out_slices, l
               for r in range(world_size)]
     for step in range(world_size):
         for s in states:
-            s.step((s.rank - step) % world_size, softmax_scale, causal)
+            s.add_dkv(s.step((s.rank - step) % world_size, softmax_scale, causal))
         if step + 1 < world_size:
             _rotate(states, "kv")
         _rotate(states, "dkv")  # after the last step: back to their owners
@@ -315,18 +323,24 @@ class _RingFunction(torch.autograd.Function):
         softmax_scale, causal, group = ctx.options
         comm = _RingComm(group)
         state = _BackwardState(comm.rank, dout, q, k, v, out, lse)
+        pending_dkv = None  # the held keys' accumulators, on their way from the previous rank
         for step in range(comm.world_size):
-            pending = None
+            pending_kv = None
             if step + 1 < comm.world_size:
-                received_kv, pending = comm.start(list(state.kv))
-            state.step((comm.rank - step) % comm.world_size, softmax_scale, causal)
-            # The accumulators move on once this step has added to them.
+                received_kv, pending_kv = comm.start(list(state.kv))
+            partial = state.step((comm.rank - step) % comm.world_size, softmax_scale, causal)
+            if pending_dkv is not None:
+                comm.wait(pending_dkv)
+                state.dkv = tuple(received_dkv)
+            state.add_dkv(partial)
+            # On with the keys to the next rank (after the last step: back to
+            # their owner).
             received_dkv, pending_dkv = comm.start(list(state.dkv))
-            comm.wait(pending_dkv)
-            state.dkv = tuple(received_dkv)
-            if pending is not None:
-                comm.wait(pending)
+            if pending_kv is not None:
+                comm.wait(pending_kv)
                 state.kv = tuple(received_kv)
+        comm.wait(pending_dkv)
+        state.dkv = tuple(received_dkv)
         return state.dq.to(q.dtype), state.dkv[0].to(k.dtype), state.dkv[1].to(v.dtype), None, None, None
 
 
