@@ -285,14 +285,18 @@ class _RingComm:
 
     def start(self, tensors):
         """Starts sending `tensors` on and receiving their successors; returns
-        (received tensors, pending requests)."""
-        received = [torch.empty_like(t) for t in tensors]
-        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        (received tensors, what wait() takes)."""
+        sent = [t.contiguous() for t in tensors]
+        received = [torch.empty_like(t) for t in sent]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in sent]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
-        return received, dist.batch_isend_irecv(ops)
+        # The sent tensors (copies, where a slice was not contiguous) stay
+        # referenced until the transfer is waited for.
+        return received, (dist.batch_isend_irecv(ops), sent)
 
     @staticmethod
-    def wait(requests):
+    def wait(pending):
+        requests, _sent = pending
         for request in requests:
             request.wait()
 
