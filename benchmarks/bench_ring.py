@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WARMUP, REPEATS = 3, 10
 COLUMNS = ["impl", "world_size", "seqlen", "causal", "hdim", "nheads", "nheads_k", "ms", "tflops_per_gpu",
            "efficiency"]
 # Largest |ring − single GPU| accepted before timing: bf16 outputs of order 1,
@@ -31,21 +30,16 @@ COLUMNS = ["impl", "world_size", "seqlen", "causal", "hdim", "nheads", "nheads_k
 MAX_DIFF = 0.05
 
 
-def median_ms(step) -> float:
-    """The median time of `step` on this rank, the ranks started together."""
-    for _ in range(WARMUP):
-        step()
-    times = []
-    for _ in range(REPEATS):
+def median_ms(step, together: bool) -> float:
+    """The median time of `step` on this rank (bench_transformers.timed_steps);
+    together: every rank starts each run at once (a barrier, untimed)."""
+    from bench_transformers import timed_steps
+
+    def barrier():
         dist.barrier()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+
+    return statistics.median(timed_steps(step, before=barrier if together else None))
 
 
 def main(argv=None) -> int:
@@ -102,7 +96,7 @@ def main(argv=None) -> int:
                 failed = True
                 continue
 
-            ring_ms = torch.tensor(median_ms(ring_step), device="cuda")
+            ring_ms = torch.tensor(median_ms(ring_step, together=True), device="cuda")
             dist.all_reduce(ring_ms, op=dist.ReduceOp.MAX)  # the slowest rank's
             single_ms = torch.tensor(0.0, device="cuda")
             dist.barrier()
@@ -113,17 +107,7 @@ def main(argv=None) -> int:
                     out = flashtile.flash_attn_func(*whole, causal=bool(causal))
                     torch.autograd.grad(out, whole, dout)
 
-                for _ in range(WARMUP):
-                    single_step()
-                times = []
-                for _ in range(REPEATS):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    single_step()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-                single_ms.fill_(statistics.median(times))
+                single_ms.fill_(median_ms(single_step, together=False))
             dist.barrier()
             dist.broadcast(single_ms, 0)
             flops = 4 * args.nheads * seqlen * seqlen * args.hdim * DIRECTION_FLOPS["fwdbwd"] / (2 if causal else 1)

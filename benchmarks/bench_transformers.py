@@ -70,11 +70,16 @@ def train_step(model, optimizer, ids, mask, labels):
     return loss.detach()
 
 
-def timed_steps(step) -> list[float]:
+def timed_steps(step, before=None) -> list[float]:
+    """ms of REPEATS runs of `step` after WARMUP, each timed by CUDA events;
+    `before` (untimed) runs ahead of each (bench_ring.py: the ranks'
+    barrier)."""
     for _ in range(WARMUP):
         step()
     times = []
     for _ in range(REPEATS):
+        if before is not None:
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step()
