@@ -493,6 +493,10 @@ def test_backward_kernel_not_built_is_named():
 # --------------------------------------------------------------------------
 
 SM90_BWD_BUILT = sm90_built("bwd")
+# The head dims whose sm90 backward is the warp-specialized TMA kernel
+# (include/flashtile/sm90/bwd_ws_kernel.hpp); the others' is the wgmma main
+# kernel of sm90/bwd_kernel.hpp.
+SM90_BWD_WS_HEAD_DIMS = (64, 128)
 
 
 def require_sm90_backward():
@@ -516,7 +520,8 @@ def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
     for head_dim, name in SM90_BWD_BUILT:
         q, k, v = rand_qkv(1, 200, 200, 2, 2, head_dim, DTYPES[name])
         names = backward_kernel_names(q, k, v, causal, deterministic)
-        assert any("flashtile::sm90::bwd_dkdv_kernel" in n for n in names), names
+        kernel = "flashtile::sm90::bwd_ws_kernel" if head_dim in SM90_BWD_WS_HEAD_DIMS else "flashtile::sm90::bwd_dkdv_kernel"
+        assert any(kernel in n for n in names), (head_dim, names)
         assert not any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
     others = [combo for combo in BWD_BUILT if combo not in SM90_BWD_BUILT and combo in FWD_BUILT]
     if others:

@@ -22,7 +22,7 @@
 #include "flashtile/registry.hpp"
 #include "flashtile/smem_budget.hpp"
 #include "flashtile/sm90/device.hpp"
-#include "flashtile/sm90/fwd_support.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 
@@ -213,7 +213,7 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
 
 // Runs the forward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma/TMA path's where one is built, sm90_dispatch_allowed and
-// its kernels take params (sm90/fwd_support.hpp: plain attention, strides TMA
+// its kernels take params (sm90/tma_support.hpp: plain attention, strides TMA
 // can step), else the sm80 path's for the GPU's shared memory (as bwd).
 inline Status fwd(const FwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_fwd(p);

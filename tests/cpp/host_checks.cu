@@ -24,7 +24,7 @@
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 #include "flashtile/sm90/bwd_launch.hpp"
-#include "flashtile/sm90/fwd_support.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/sm90/fwd_traits.hpp"
 #include "flashtile/sm90/gemm.hpp"
 #include "flashtile/workspace.hpp"

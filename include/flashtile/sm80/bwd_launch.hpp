@@ -111,6 +111,27 @@ auto* dq_kernel_for(bool dropout) {
   return &bwd_dq_kernel<DqTraits, kMask, kScoreMod, false>;
 }
 
+// Launches the rowsum kernel: dsum = rowsum(dO ∘ O) into ws.dsum, and the
+// first zero_bytes of ws.dq_accum (and what follows it) zeroed.
+template <class Element, int kHeadDim>
+cudaError_t launch_bwd_rowsum(const BwdParams& params, const BwdWorkspace& ws, size_t zero_bytes,
+                              cudaStream_t stream) {
+  const int64_t rows = bwd_query_rows(params) * params.nheads;
+  constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
+  // The rowsum kernel walks rows in the (batch, nheads, seqlen_q) layout of
+  // lse and dsum; a varlen batch's (nheads, total_q) is that layout for one
+  // sequence of total_q rows.
+  BwdParams rows_params = params;
+  if (is_varlen(params)) {
+    rows_params.batch = 1;
+    rows_params.seqlen_q = params.total_q;
+    rows_params.cu_seqlens_q = nullptr;
+  }
+  bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
+      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
+  return cudaPeekAtLastError();
+}
+
 // The backward with explicit tile traits: Traits for the main kernel,
 // DqTraits for the deterministic mode's dQ kernel. kMask must be what
 // resolve_mask() makes of params' causal flag and window (else
@@ -144,17 +165,6 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   if (fits != Status::kSuccess) return fits;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   const float* dsum = ws.dsum;
-  const int64_t rows = bwd_query_rows(params) * params.nheads;
-  constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
-  // The rowsum kernel walks rows in the (batch, nheads, seqlen_q) layout of
-  // lse and dsum; a varlen batch's (nheads, total_q) is that layout for one
-  // sequence of total_q rows.
-  BwdParams rows_params = params;
-  if (is_varlen(params)) {
-    rows_params.batch = 1;
-    rows_params.seqlen_q = params.total_q;
-    rows_params.cu_seqlens_q = nullptr;
-  }
   // 1-D grids (the kernels decode block, head, batch); can_implement_bwd
   // keeps them within 2^31 − 1 blocks (a split tail adds fewer blocks than
   // one wave holds).
@@ -167,9 +177,7 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   // split tail's slots follow it, so one range zeroes both. The dQ kernel
   // uses neither.
   const size_t zero_bytes = dq_by_kernel ? 0 : ws.dq_accum_bytes + tail.slot_bytes<Traits::kBlockN, kHeadDim>(tasks);
-  bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
-      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
-  if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
+  if (launch_bwd_rowsum<Element, kHeadDim>(params, ws, zero_bytes, stream) != cudaSuccess) return Status::kCudaError;
 
   // Fixed-length and variable-length batches run separate instantiations of
   // the main kernel (common/seqlen.hpp says why); the dQ and convert kernels

@@ -1,16 +1,27 @@
-// Host entry point of the SM90 backward: the SM80 launcher's sequence
-// (sm80/bwd_launch.hpp: rowsum, main kernel, dQ's conversion or the
-// deterministic dQ kernel) with the wgmma main kernel (sm90/bwd_kernel.hpp).
-// Plain attention only; the deterministic mode's dQ kernel is the SM80 one.
+// Host entry point of the SM90 backward. Head dims 64 and 128 on tensors
+// TMA can describe (bwd_supports) run the warp-specialized kernel
+// (sm90/bwd_ws_kernel.hpp): rowsum, that kernel, dQ's conversion (or, in
+// the deterministic mode, the SM80 dQ kernel). Every other case runs the
+// SM80 launcher's sequence (sm80/bwd_launch.hpp) with the wgmma main kernel
+// of sm90/bwd_kernel.hpp. Plain attention only.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <type_traits>
+
+#include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_launch.hpp"
+#include "flashtile/sm80/device.hpp"
 #include "flashtile/sm90/bwd_traits.hpp"
+#include "flashtile/sm90/bwd_ws_kernel.hpp"
+#include "flashtile/sm90/bwd_ws_traits.hpp"
 #include "flashtile/sm90/device.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/status.hpp"
+#include "flashtile/workspace.hpp"
 
 namespace flashtile::sm90 {
 
@@ -20,6 +31,63 @@ struct BwdTraitsFor {
   using type = BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, kIsCausal>>;
 };
 
+// The head dims the warp-specialized kernel takes.
+template <int kHeadDim>
+constexpr bool kBwdWarpSpecialized = kHeadDim == 64 || kHeadDim == 128;
+
+// The warp-specialized backward for mask kMask (what resolve_mask makes of
+// params' causal flag and window).
+template <int kHeadDim, class Element, MaskKind kMask>
+Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
+  using Traits = BwdWsTraits<kHeadDim, Element>;
+  using DqTraits = sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>;
+  // dq_accum's register order is the one the conversion kernel reads back:
+  // the wgmma dQ product of sm90/bwd_traits.hpp, 256 threads.
+  using ConvertTraits = typename BwdTraitsFor<kHeadDim, Element>::template type<false>;
+  static_assert(std::is_same_v<decltype(typename Traits::TiledMmadQ{}.get_layoutC_TV()),
+                               decltype(typename ConvertTraits::TiledMmadQ{}.get_layoutC_TV())> &&
+                    Traits::kMmaThreads == ConvertTraits::kNThreads && Traits::kBlockM == ConvertTraits::kBlockM,
+                "the dQ tiles are written in the order the conversion kernel reads");
+  const bool deterministic = params.deterministic;
+  const Status fits =
+      sm80::check_smem_per_block(deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
+                                               : Traits::kSmemBytes);
+  if (fits != Status::kSuccess) return fits;
+  const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
+  const size_t zero_bytes = deterministic ? 0 : ws.dq_accum_bytes;
+  if (sm80::launch_bwd_rowsum<Element, kHeadDim>(params, ws, zero_bytes, stream) != cudaSuccess) {
+    return Status::kCudaError;
+  }
+
+  const bool varlen = is_varlen(params);
+  auto* kernel = deterministic ? (varlen ? &bwd_ws_kernel<Traits, kMask, false, true>
+                                         : &bwd_ws_kernel<Traits, kMask, false, false>)
+                               : (varlen ? &bwd_ws_kernel<Traits, kMask, true, true>
+                                         : &bwd_ws_kernel<Traits, kMask, true, false>);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes) != cudaSuccess) {
+    return Status::kCudaError;
+  }
+  const BwdWsParams<Traits> kernel_params =
+      BwdWsParams<Traits>::make(params, deterministic ? nullptr : ws.dq_accum, ws.dsum);
+  // One CTA per key block of one K/V head (bwd_schedule.hpp's order);
+  // can_implement_bwd bounds the grid.
+  const dim3 grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
+  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(kernel_params);
+  if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
+
+  const dim3 q_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
+  if (!deterministic) {
+    sm80::bwd_convert_dq_kernel<ConvertTraits><<<q_grid, ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
+    return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
+  }
+  static_assert(DqTraits::kBlockM == Traits::kBlockM);
+  auto* dq_kernel = sm80::dq_kernel_for<DqTraits, kMask, false>(false);
+  return sm80::launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, q_grid, DqTraits::kNThreads, stream, params,
+                                                         static_cast<const float*>(ws.dsum)) == cudaSuccess
+             ? Status::kSuccess
+             : Status::kCudaError;
+}
+
 // Entry point a generated kernels/bwd_sm90_*.cu file instantiates and
 // registers. Assumes can_implement_bwd(params) passed. Returns
 // kUnsupportedDevice, before any launch, on a GPU other than compute
@@ -27,6 +95,20 @@ struct BwdTraitsFor {
 template <int kHeadDim, class Element>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (!device_is_sm90()) return Status::kUnsupportedDevice;
+  if (uses_score_mod(params)) return Status::kInvalidArgument;
+  if constexpr (kBwdWarpSpecialized<kHeadDim>) {
+    if (bwd_supports(params)) {
+      BwdParams p = params;  // with causal folded into the window
+      switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
+        case MaskKind::kNone:
+          return run_bwd_ws<kHeadDim, Element, MaskKind::kNone>(p, stream);
+        case MaskKind::kCausal:
+          return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal>(p, stream);
+        default:
+          return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal>(p, stream);
+      }
+    }
+  }
   return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
                                 sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false>(params,
                                                                                                        stream);

@@ -1,6 +1,6 @@
-// Which forwards the SM90 kernels take: plain attention (softcap, ALiBi,
-// dropout and the testing-only probabilities run the SM80 kernels) on
-// tensors that TMA can describe. A TMA descriptor needs every
+// Which forwards and backwards the SM90 TMA kernels take: plain attention
+// (softcap, ALiBi, dropout and the testing-only probabilities run the SM80
+// kernels) on tensors that TMA can describe. A TMA descriptor needs every
 // stride it steps to be a positive multiple of 16 bytes below 2^40 bytes; a mode of
 // extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
@@ -28,6 +28,21 @@ inline bool fwd_supports(const FwdParams& p) {
          tma_stride_ok(p.k_head_stride, p.nheads_k) && tma_stride_ok(p.k_batch_stride, batch) &&
          tma_stride_ok(p.v_row_stride, rows_k) && tma_stride_ok(p.v_head_stride, p.nheads_k) &&
          tma_stride_ok(p.v_batch_stride, batch);
+}
+
+// The warp-specialized backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k
+// and v through TMA; the other tensors with plain loads and stores.
+inline bool bwd_supports(const BwdParams& p) {
+  if (uses_score_mod(p)) return false;
+  const bool varlen = is_varlen(p);
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int64_t batch = varlen ? 1 : p.batch;
+  return tma_stride_ok(p.q_row_stride, rows_q) && tma_stride_ok(p.q_head_stride, p.nheads) &&
+         tma_stride_ok(p.q_batch_stride, batch) && tma_stride_ok(p.dout_row_stride, rows_q) &&
+         tma_stride_ok(p.dout_head_stride, p.nheads) && tma_stride_ok(p.dout_batch_stride, batch) &&
+         tma_stride_ok(p.k_row_stride, rows_k) && tma_stride_ok(p.k_head_stride, p.nheads_k) &&
+         tma_stride_ok(p.k_batch_stride, batch) && tma_stride_ok(p.v_row_stride, rows_k) &&
+         tma_stride_ok(p.v_head_stride, p.nheads_k) && tma_stride_ok(p.v_batch_stride, batch);
 }
 
 }  // namespace flashtile::sm90

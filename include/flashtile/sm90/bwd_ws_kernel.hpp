@@ -1,0 +1,431 @@
+// The warp-specialized SM90 backward's main kernel (tiles and roles in
+// sm90/bwd_ws_traits.hpp). One CTA per key block of kBlockN keys of one K/V
+// head; the query blocks that see those keys (every query head of the GQA
+// group, sm80/bwd_walk.hpp's order) stream through a two-stage ring:
+//
+//   loader warp     K, V once (TMA); per query block: wait for its stage to
+//                   be free, write the block's LSE · log2(e) and D there,
+//                   then Q and dO by TMA; the stage completes on its
+//                   mbarrier (the lanes' arrivals and TMA's bytes)
+//   consumers       per query block: Sᵀ, dPᵀ; the mask; Pᵀ and dSᵀ in
+//                   registers; dV += Pᵀ·dO and dK += dSᵀ·Q issued; dSᵀ
+//                   staged, both warpgroups meet, dQ = dS·K; the stage
+//                   freed; dQ handed to the writer warp through shared memory
+//   dQ writer warp  adds each block's dQ tile (one contiguous block of the
+//                   fp32 accumulator, bwd_tile.hpp's register order) with
+//                   one cp.reduce.async.bulk, overlapping the next block
+//
+// then dK (scaled) and dV are written from the consumers' registers. Without
+// kAccumulateDq (the deterministic mode) nothing of dQ is computed here: the
+// dQ kernel sums it in a fixed order. Plain attention only.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/array.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "flashtile/common/fragment.hpp"
+#include "flashtile/common/mask.hpp"
+#include "flashtile/common/seqlen.hpp"
+#include "flashtile/params.hpp"
+#include "flashtile/workspace.hpp"
+#include "flashtile/sm80/bwd_schedule.hpp"
+#include "flashtile/sm80/bwd_tile.hpp"
+#include "flashtile/sm80/bwd_walk.hpp"
+#include "flashtile/sm90/bwd_ws_traits.hpp"
+#include "flashtile/sm90/gemm.hpp"
+
+namespace flashtile::sm90 {
+
+using namespace cute;
+
+// Global tensors as TMA sees them: (rows, head dim, heads, batch); a varlen
+// batch is one packed sequence of batch 1 (rows: total_q or total_k).
+using BwdShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
+using BwdStrideRows = Stride<int64_t, _1, int64_t, int64_t>;
+
+template <class Traits>
+struct BwdWsTma {
+  using Element = typename Traits::Element;
+  template <class SmemLayout, int kRows>
+  static auto make(const Element* ptr, BwdShapeRows shape, BwdStrideRows stride) {
+    return make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(ptr), shape, stride), SmemLayout{},
+                         Shape<Int<kRows>, Int<Traits::kHeadDim>>{}, _1{});
+  }
+  using Q = decltype(make<typename Traits::SmemLayoutQ, Traits::kBlockM>(nullptr, BwdShapeRows{}, BwdStrideRows{}));
+  using KV = decltype(make<typename Traits::SmemLayoutKV, Traits::kBlockN>(nullptr, BwdShapeRows{}, BwdStrideRows{}));
+};
+
+template <class Traits>
+struct BwdWsParams {
+  BwdParams bwd;
+  typename BwdWsTma<Traits>::Q tma_q, tma_do;
+  typename BwdWsTma<Traits>::KV tma_k, tma_v;
+  BwdShapeRows shape_q;  // (rows, kHeadDim, nheads, batch)
+  BwdShapeRows shape_k;  // (rows, kHeadDim, nheads_k, batch)
+  float* dq_accum;       // nullptr without kAccumulateDq
+  const float* dsum;
+
+  // The descriptors for p's q, dout, k and v (bwd_supports(p): TMA can step
+  // their strides). A mode of extent 1 is never stepped: it gets stride 8
+  // elements, whatever the caller's (TMA refuses some, 0 among them).
+  static BwdWsParams make(BwdParams const& p, float* dq_accum, const float* dsum) {
+    const bool varlen = is_varlen(p);
+    const int32_t batch = varlen ? 1 : p.batch;
+    const int32_t rows_q = varlen ? p.total_q : p.seqlen_q;
+    const int32_t rows_k = varlen ? p.total_k : p.seqlen_k;
+    auto stride = [](int64_t s, int32_t extent) { return extent > 1 ? s : int64_t(8); };
+    auto strides = [&](int64_t row, int64_t head, int64_t batch_stride, int32_t rows, int32_t heads) {
+      return BwdStrideRows{stride(row, rows), _1{}, stride(head, heads), stride(batch_stride, batch)};
+    };
+    using Tma = BwdWsTma<Traits>;
+    using Element = typename Traits::Element;
+    using LayoutQ = typename Traits::SmemLayoutQ;
+    using LayoutKV = typename Traits::SmemLayoutKV;
+    const BwdShapeRows shape_q{rows_q, Traits::kHeadDim, p.nheads, batch};
+    const BwdShapeRows shape_k{rows_k, Traits::kHeadDim, p.nheads_k, batch};
+    return {p,
+            Tma::template make<LayoutQ, Traits::kBlockM>(
+                static_cast<const Element*>(p.q), shape_q,
+                strides(p.q_row_stride, p.q_head_stride, p.q_batch_stride, rows_q, p.nheads)),
+            Tma::template make<LayoutQ, Traits::kBlockM>(
+                static_cast<const Element*>(p.dout), shape_q,
+                strides(p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, rows_q, p.nheads)),
+            Tma::template make<LayoutKV, Traits::kBlockN>(
+                static_cast<const Element*>(p.k), shape_k,
+                strides(p.k_row_stride, p.k_head_stride, p.k_batch_stride, rows_k, p.nheads_k)),
+            Tma::template make<LayoutKV, Traits::kBlockN>(
+                static_cast<const Element*>(p.v), shape_k,
+                strides(p.v_row_stride, p.v_head_stride, p.v_batch_stride, rows_k, p.nheads_k)),
+            shape_q,
+            shape_k,
+            dq_accum,
+            dsum};
+  }
+};
+
+// One sequence's rows of a (rows, d, heads, batch) TMA coordinate tensor at
+// one head: its batch slice, or (varlen) its rows of the packed one.
+template <class Tensor_>
+CUTE_DEVICE auto bwd_sequence_rows(Tensor_ const& m, int head, SeqInfo const& seq, int row_start) {
+  if (seq.varlen) return domain_offset(make_coord(row_start, _0{}), m(_, _, head, 0));
+  return domain_offset(make_coord(0, _0{}), m(_, _, head, seq.batch));
+}
+
+// dst[0, bytes) += src[0, bytes) in fp32, by the async proxy: one bulk
+// reduce-add, committed as a bulk group of its own.
+CUTE_DEVICE void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(smem),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kVarlen>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_ws_kernel(const __grid_constant__ BwdWsParams<Traits> params) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // wgmma, TMA and setmaxnreg exist on sm90a only; run_bwd launches this
+  // kernel nowhere else.
+  __trap();
+#else
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kMmaThreads = Traits::kMmaThreads;
+  using ShapeQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using ShapeSt = Shape<Int<kBlockN>, Int<kBlockM>>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TransactionBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using NamedBarrier = cutlass::arch::NamedBarrier;
+  // Named apart from the other kernels' `smem`, which asks less alignment.
+  extern __shared__ __align__(1024) char bwd_ws_smem[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(bwd_ws_smem);
+  BwdParams const& p = params.bwd;
+
+  const int n_blocks = ceil_div(p.seqlen_k, kBlockN);
+  const sm80::BwdTileCoord coord = sm80::bwd_main_tile_coord(p, int(blockIdx.x), n_blocks, kHeadDim);
+  const int n_block = coord.block_order;
+  const int head_k = coord.head % p.nheads_k;
+  const SeqInfo seq(p, coord.head / p.nheads_k, std::bool_constant<kVarlen>{});
+  if (kVarlen && n_block * kBlockN >= seq.seqlen_k_rows) return;  // past this sequence's keys
+  const int kv_rows_valid = seq.seqlen_k - n_block * kBlockN;      // attended keys of the block
+  const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, p.nheads / p.nheads_k);
+  // Keys that no query attends (past seqused_k) have dK = dV = 0: the
+  // consumers write their zero accumulators, nothing is loaded.
+  const int iterations = kv_rows_valid > 0 ? query_block_of.iterations : 0;
+
+  if (threadIdx.x == 0) {
+    prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    Barrier::init(&storage.barrier_kv, 1);
+    CUTE_UNROLL
+    for (int stage = 0; stage < kStages; ++stage) {
+      Barrier::init(&storage.barrier_full[stage], 32);  // the loader warp's lanes
+      Barrier::init(&storage.barrier_empty[stage], kMmaThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Stage `stage` of the Q or dO ring, as (kBlockM, kHeadDim) or transposed.
+  auto stage_of = [](Element* ring, int stage, auto layout) {
+    return make_tensor(make_smem_ptr(ring + stage * cosize_v<typename Traits::SmemLayoutQ>), layout);
+  };
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  constexpr uint32_t kDqThreads = kMmaThreads + 32;  // the dQ hand-over: consumers and the writer warp
+
+  const int warp_group = int(threadIdx.x) / 128;
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    const int warp = int(threadIdx.x) / 32;
+    const int lane = int(threadIdx.x) % 32;
+    if (warp == 0) {
+      // ---- the loader ----
+      Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);    // (rows, kHeadDim, nheads, batch)
+      Tensor mdO = params.tma_do.get_tma_tensor(params.shape_q);  // (rows, kHeadDim, nheads, batch)
+      auto tma_q = params.tma_q.get_slice(_0{});
+      auto tma_do = params.tma_do.get_slice(_0{});
+      if (iterations > 0 && lane == 0) {
+        Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);  // (rows, kHeadDim, nheads_k, batch)
+        Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);  // (rows, kHeadDim, nheads_k, batch)
+        Tensor gK = local_tile(bwd_sequence_rows(mK, head_k, seq, seq.k_start), ShapeKV{}, make_coord(n_block, _0{}));
+        Tensor gV = local_tile(bwd_sequence_rows(mV, head_k, seq, seq.k_start), ShapeKV{}, make_coord(n_block, _0{}));
+        auto tma_k = params.tma_k.get_slice(_0{});
+        auto tma_v = params.tma_v.get_slice(_0{});
+        TransactionBarrier::arrive_and_expect_tx(&storage.barrier_kv, 2 * Traits::kBytesKV);
+        copy(params.tma_k.with(storage.barrier_kv), tma_k.partition_S(gK), tma_k.partition_D(sK));
+        copy(params.tma_v.with(storage.barrier_kv), tma_v.partition_S(gV), tma_v.partition_D(sV));
+      }
+      for (int it = 0; it < iterations; ++it) {
+        const int stage = it % kStages;
+        if (it >= kStages) Barrier::wait(&storage.barrier_empty[stage], (it / kStages - 1) & 1);
+        const auto head_block = query_block_of(it);
+        const int head = get<0>(head_block), m_block = get<1>(head_block);
+        const int rows_valid = seq.seqlen_q - m_block * kBlockM;
+        const int64_t row0 = seq.row_index(p, head) + int64_t(m_block) * kBlockM;
+        // A row past the sequence, or one that saw no key in the forward
+        // (LSE −inf), gets +inf: its P is exp2(−inf) = 0 and its dS 0
+        // (its Q and dO rows may be another sequence's, or TMA's zeros).
+        CUTE_UNROLL
+        for (int r = lane; r < kBlockM; r += 32) {
+          const float lse = r < rows_valid ? p.lse[row0 + r] : -INFINITY;
+          storage.lse_log2[stage][r] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+          storage.dsum[stage][r] = r < rows_valid ? params.dsum[row0 + r] : 0.f;
+        }
+        if (lane == 0) {
+          TransactionBarrier::arrive_and_expect_tx(&storage.barrier_full[stage], 2 * Traits::kBytesQ);
+          Tensor gQ = local_tile(bwd_sequence_rows(mQ, head, seq, seq.q_start), ShapeQ{}, make_coord(m_block, _0{}));
+          Tensor gdO =
+              local_tile(bwd_sequence_rows(mdO, head, seq, seq.q_start), ShapeQ{}, make_coord(m_block, _0{}));
+          Tensor sQ = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQ{});      // (kBlockM, kHeadDim)
+          Tensor sdO = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQ{});  // (kBlockM, kHeadDim)
+          copy(params.tma_q.with(storage.barrier_full[stage]), tma_q.partition_S(gQ), tma_q.partition_D(sQ));
+          copy(params.tma_do.with(storage.barrier_full[stage]), tma_do.partition_S(gdO), tma_do.partition_D(sdO));
+        } else {
+          Barrier::arrive(&storage.barrier_full[stage]);  // releases this lane's LSE and D writes
+        }
+      }
+    } else if (warp == 1 && kAccumulateDq) {
+      // ---- the dQ writer ----
+      // The stage starts free; each hand-over is followed by a release,
+      // except the last (no block follows it to wait for one).
+      if (iterations > 0) NamedBarrier::arrive(kDqThreads, Traits::kBarrierDqEmpty);
+      for (int it = 0; it < iterations; ++it) {
+        const auto head_block = query_block_of(it);
+        const int head = get<0>(head_block), m_block = get<1>(head_block);
+        NamedBarrier::sync(kDqThreads, Traits::kBarrierDqFull);
+        if (lane == 0) {
+          float* dq_block =
+              params.dq_accum + (bwd_dq_accum_row(p, seq, head) + int64_t(m_block) * kBlockM) * kHeadDim;
+          bulk_reduce_add_f32(dq_block, storage.dq.data(), Traits::kBytesDq);
+          tma_store_wait<0>();  // the stage has been read
+        }
+        __syncwarp();
+        if (it + 1 < iterations) NamedBarrier::arrive(kDqThreads, Traits::kBarrierDqEmpty);
+      }
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    }
+  } else {
+    // ---- the consumers ----
+    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
+    const int mma_tid = int(threadIdx.x) - 128;
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
+    auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
+    auto thr_dq = mma_dq.get_thread_slice(mma_tid);
+    Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});  // (kHeadDim, kBlockN)
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, MMA_M, MMA_K) descriptors
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);    // (MMA, MMA_M, MMA_K) descriptors
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);   // (MMA, MMA_N, MMA_K) descriptors
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeSt{}));  // (MMA, MMA_M, MMA_N) -> (key, query)
+    Tensor acc_dk = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_M, MMA_N)
+    Tensor acc_dv = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_dk);
+    clear(acc_dv);
+    auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, mma_sdp);
+    auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
+    const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+
+    if (iterations > 0) {
+      TransactionBarrier::wait(&storage.barrier_kv, 0);
+      // A varlen batch's K, V rows past the sequence's attended keys hold
+      // the next sequence's keys or unwritten cache slots: their scores are
+      // masked, but 0 · NaN in dPᵀ or dQ would not be 0. Zeroed here, made
+      // visible to wgmma (the async proxy). A fixed-length batch's are
+      // TMA's zero fill.
+      if (kVarlen && kv_rows_valid < kBlockN) {
+        for (int i = mma_tid; i < (kBlockN - kv_rows_valid) * kHeadDim; i += kMmaThreads) {
+          sK(kv_rows_valid + i / kHeadDim, i % kHeadDim) = Element(0);
+          sV(kv_rows_valid + i / kHeadDim, i % kHeadDim) = Element(0);
+        }
+        fence_smem_for_wgmma();
+        NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);
+      }
+    }
+
+    auto process_query_block = [&](int it, auto masked) {
+      const int stage = it % kStages;
+      const auto head_block = query_block_of(it);
+      const int m_block = get<1>(head_block);
+      Tensor sQ = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim)
+      Tensor sdO = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQ{});   // (kBlockM, kHeadDim)
+      Tensor sQt = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM)
+      Tensor sdOt = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQt{}); // (kHeadDim, kBlockM)
+      Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K) descriptors
+      Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);   // (MMA, MMA_N, MMA_K) descriptors
+      Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt); // (MMA, MMA_N, MMA_K) descriptors
+      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K) descriptors
+
+      TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
+      Tensor acc_s = partition_fragment_C(mma_sdp, ShapeSt{});   // (MMA, MMA_M, MMA_N): Sᵀ
+      Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
+      gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
+      gemm_async<true>(mma_sdp, tdPrV, tdPrdO, acc_dp);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_dp);
+
+      if constexpr (decltype(masked)::value) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const int key = n_block * kBlockN + get<0>(tScS(i));
+          const int query = m_block * kBlockM + get<1>(tScS(i));
+          if (mask.hides(query, key)) acc_s(i) = -INFINITY;
+        }
+      }
+      // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e), dSᵀ = Pᵀ ∘ (dPᵀ − D),
+      // one column (query row) at a time: its LSE and D read once.
+      Tensor st = rowcol_view(acc_s);   // (keys, queries)
+      Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
+      Tensor ct = rowcol_view(tScS);    // (keys, queries) -> (key, query)
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(st); ++ni) {
+        const int query = get<1>(ct(0, ni));
+        const float lse_log2 = storage.lse_log2[stage][query];
+        const float dsum = storage.dsum[stage][query];
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(st); ++mi) {
+          const float prob = fast_exp2(st(mi, ni) * scale_log2 - lse_log2);
+          st(mi, ni) = prob;
+          dpt(mi, ni) = prob * (dpt(mi, ni) - dsum);
+        }
+      }
+      // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K)
+      Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
+      Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
+      convert_fragment_into(acc_s, tdVrPt);
+      convert_fragment_into(acc_dp, tdKrdSt);
+      gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+      gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+
+      if constexpr (kAccumulateDq) {
+        // dSᵀ into buffer it % 2: both warpgroups finished reading it in
+        // block it − 2's dQ before they met on block it − 1's.
+        Element* ds_buffer = storage.ds.data() + (it % 2) * cosize_v<typename Traits::SmemLayoutdSt>;
+        Tensor sdSt = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM)
+        Tensor sdS = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN)
+        // The same registers, in the accumulator's (key, query) order.
+        Tensor rdSt = make_tensor(tdKrdSt.data(), acc_dp.layout());
+        copy(copy_ds, thr_copy_ds.retile_S(rdSt), thr_copy_ds.partition_D(sdSt));
+        fence_smem_for_wgmma();
+        NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both halves of dSᵀ staged
+        // dV's and dK's products retired first: Pᵀ's and dSᵀ's registers
+        // are then free for dQ's accumulator (with all three in flight,
+        // ptxas spilled 56-88 bytes).
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_dv);
+        warpgroup_fence_operand(acc_dk);
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);           // (MMA, MMA_M, MMA_K) descriptors
+        Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});    // (MMA, MMA_M, MMA_N)
+        gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_dq);
+        Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
+        NamedBarrier::sync(kDqThreads, Traits::kBarrierDqEmpty);
+        constexpr int kVector = 4;
+        static_assert(decltype(size(acc_dq))::value % kVector == 0);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += kVector) {
+          *reinterpret_cast<float4*>(storage.dq.data() + sm80::dq_accum_offset<kMmaThreads, kVector>(mma_tid, i)) =
+              make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+        }
+        cutlass::arch::fence_view_async_shared();  // for the bulk reduce (the async proxy)
+        NamedBarrier::arrive(kDqThreads, Traits::kBarrierDqFull);
+      } else {
+        warpgroup_wait<0>();
+        Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
+      }
+    };
+    int it = 0;
+    for (; it < min(query_block_of.masked_iterations, iterations); ++it) process_query_block(it, std::true_type{});
+    for (; it < iterations; ++it) process_query_block(it, std::false_type{});
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_fence_operand(acc_dv);
+
+    // dK · softmax_scale and dV, in the output dtype, each thread's column
+    // pairs as 4-byte words; rows past the sequence's keys left alone (rows
+    // past seqused_k get their zeros: no P reached them).
+    auto [gK, gV, gdK, gdV] = sm80::key_block_tiles<kHeadDim, kBlockN, Element>(p, seq, head_k, n_block);
+    const int rows_out = seq.seqlen_k_rows - n_block * kBlockN;
+    Tensor cKV = rowcol_view(thr_dkv.partition_C(make_identity_tensor(ShapeKV{})));  // (rows, cols) -> (key, d)
+    auto store = [&](auto const& acc, auto& out, float scale) {
+      Tensor rows = rowcol_view(acc);  // (rows, cols)
+      using Pair = cutlass::Array<Element, 2>;
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(rows); ++r) {
+        const int row = get<0>(cKV(r, 0));
+        if (row >= rows_out) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(rows); c += 2) {
+          Pair pair;
+          pair[0] = Element(rows(r, c) * scale);
+          pair[1] = Element(rows(r, c + 1) * scale);
+          *reinterpret_cast<Pair*>(&out(row, get<1>(cKV(r, c)))) = pair;
+        }
+      }
+    };
+    store(acc_dk, gdK, p.softmax_scale);
+    store(acc_dv, gdV, 1.f);
+  }
+#endif
+}
+
+}  // namespace flashtile::sm90

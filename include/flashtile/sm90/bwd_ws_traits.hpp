@@ -1,0 +1,128 @@
+// Tile configuration of the warp-specialized SM90 backward
+// (sm90/bwd_ws_kernel.hpp). A CTA owns kBlockN = 128 keys of one K/V head;
+// its two consumer warpgroups own 64 keys each and walk the query blocks
+// (kBlockM = 64 rows) that see them. Per query block, warpgroup w computes
+// on its keys:
+//   Sᵀ  = K_w·Qᵀ,  dPᵀ = V_w·dOᵀ     (64 × kBlockM)   SS, both K-major
+//   dV_w += Pᵀ·dO, dK_w += dSᵀ·Q      (64 × kHeadDim)  RS: Pᵀ, dSᵀ from registers
+// and, once both warpgroups have staged dSᵀ in shared memory,
+//   dQ[:, half w] = dS·K[:, half w]     (kBlockM × kHeadDim / 2) SS, both MN-major
+// Computing Sᵀ rather than S puts the keys on wgmma's M, so Pᵀ and dSᵀ
+// leave the accumulators already as the A operands of dV and dK: nothing
+// goes through shared memory for them, and dK, dV stay in registers.
+//
+// Warpgroup 0 is the producer: warp 0 loads (K and V once by TMA; per query
+// block Q and dO by TMA, its LSE and D rows by its lanes), warp 1 adds each
+// block's dQ tile into the fp32 accumulator with one bulk reduce-add.
+#pragma once
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "flashtile/sm80/smem_layout.hpp"
+
+namespace flashtile::sm90 {
+
+using namespace cute;
+
+template <int kHeadDim_, class Element_>
+struct BwdWsTraits {
+  using Element = Element_;
+  static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
+  static constexpr int kStages = 2;    // Q, dO, LSE, D buffers
+  static constexpr int kMmaWarpgroups = 2;
+  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
+  // 64 · 2 (dK, dV) + 64 (Sᵀ, dPᵀ) + 32 (dQ) fp32 per consumer thread at
+  // d128, in 240 registers.
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to d128");
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kMmaRegisters = 240;
+  // setmaxnreg moves registers within the CTA's launch allocation (ptxas
+  // gives each of the kNThreads threads 65536 / kNThreads, in steps of 8):
+  // the consumers can only take what the producer gives back, else their
+  // increase waits forever.
+  static constexpr int kLaunchRegisters = 65536 / kNThreads / 8 * 8;
+  static_assert(128 * (kLaunchRegisters - kProducerRegisters) >= kMmaThreads * (kMmaRegisters - kLaunchRegisters),
+                "the consumers' registers must come from the producer's");
+
+  // Named barriers, after CUTLASS's reserved ones (NamedBarrier adds them):
+  // dSᵀ staged by both consumer warpgroups (also K, V's tail zeroed), and
+  // the dQ stage's hand-over between them and the dQ writer warp.
+  static constexpr uint32_t kBarrierConsumers = 0;  // kMmaThreads
+  static constexpr uint32_t kBarrierDqFull = 1;     // kMmaThreads + 32
+  static constexpr uint32_t kBarrierDqEmpty = 2;    // kMmaThreads + 32
+
+  using KeysPerWarpgroup = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
+  using HeadDimPerWarpgroup = Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>, GMMA::Major::K,
+                           GMMA::Major::K>(),
+      KeysPerWarpgroup{}));  // (kBlockN, kBlockM) over kHeadDim
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      KeysPerWarpgroup{}));  // (kBlockN, kHeadDim) over kBlockM
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kMmaWarpgroups>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      HeadDimPerWarpgroup{}));  // (kBlockM, kHeadDim) over kBlockN
+
+  // 128-byte-swizzled tiles (rows of 64 elements); the operands read
+  // MN-major are transposed views of them (a K-major 8 × 64 atom read
+  // column-wise is an MN-major 64 × 8 one).
+  // K's atoms are 32 columns wide (64-byte swizzle) where a warpgroup's
+  // half of the head dim is not whole 64-column atoms (d64): an MN-major
+  // operand's N must be.
+  template <int kRows, int kCols, class Atom = GMMA::Layout_K_SW128_Atom<Element>>
+  using SmemLayoutTile = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kCols>>{}));
+  using AtomKV = std::conditional_t<(kHeadDim / kMmaWarpgroups) % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                    GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;           // Q, dO: (kBlockM, kHeadDim), one stage
+  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim, AtomKV>;  // K, V: (kBlockN, kHeadDim)
+  using SmemLayoutdSt = SmemLayoutTile<kBlockN, kBlockM>;          // dSᵀ: (kBlockN, kBlockM)
+  using SmemLayoutQt = sm80::TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
+  using SmemLayoutKt = sm80::TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
+  using SmemLayoutdS = sm80::TransposedLayout<SmemLayoutdSt, kBlockN, kBlockM>;    // (kBlockM, kBlockN)
+  using SmemCopyAtomdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kDqElems = kBlockM * kHeadDim;
+  static constexpr uint32_t kBytesDq = kDqElems * sizeof(float);
+
+  struct SharedStorage {
+    // 1024-byte alignment: the 128-byte swizzle's period, which TMA and
+    // wgmma assume of a tile's base address.
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, kStages * cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, kStages * cosize_v<SmemLayoutQ>> dout;
+    // dSᵀ double-buffered: a warpgroup writes block i's while the other
+    // may still read block i − 1's in its dQ product.
+    alignas(1024) cute::array_aligned<Element, 2 * cosize_v<SmemLayoutdSt>> ds;
+    // This block's dQ, both warpgroups' halves, in the accumulator's
+    // register order (sm80/bwd_tile.hpp's dq_accum_offset): one contiguous
+    // block of the dQ accumulator.
+    alignas(128) cute::array_aligned<float, kDqElems> dq;
+    float lse_log2[kStages][kBlockM];  // LSE · log2(e); +inf for rows with no P
+    float dsum[kStages][kBlockM];      // D = rowsum(dO ∘ O); 0 past the rows
+    alignas(8) uint64_t barrier_kv;    // K and V's TMA loads
+    uint64_t barrier_full[kStages];    // Q, dO (TMA bytes) and LSE, D (the loader lanes' arrivals)
+    uint64_t barrier_empty[kStages];   // every consumer thread done with the stage
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
+};
+
+}  // namespace flashtile::sm90
