@@ -692,6 +692,28 @@ void check_sm90_fwd_support() {
   expect(!flashtile::sm90::fwd_supports(q), config, "a row stride past TMA's 2^40 bytes");
 }
 
+// The SM90 warp-specialized backward reads q, dout, k and v through TMA:
+// plain attention on strides TMA can step, dout's among them.
+void check_sm90_bwd_support() {
+  const char* config = "sm90 bwd support";
+  flashtile::BwdParams p;
+  p.batch = 2, p.seqlen_q = 100, p.seqlen_k = 90, p.nheads = 4, p.nheads_k = 2, p.head_dim = 128;
+  p.q_row_stride = p.dout_row_stride = 512, p.q_head_stride = p.dout_head_stride = 128;
+  p.q_batch_stride = p.dout_batch_stride = 51200;
+  p.k_row_stride = 256, p.k_head_stride = 128, p.k_batch_stride = 23040;
+  p.v_row_stride = 256, p.v_head_stride = 128, p.v_batch_stride = 23040;
+  expect(flashtile::sm90::bwd_supports(p), config, "a contiguous fixed-length batch");
+  flashtile::BwdParams q = p;
+  q.dropout_p = 0.1f;
+  expect(!flashtile::sm90::bwd_supports(q), config, "dropout runs the kernels without TMA");
+  q = p, q.dout_row_stride = 0;
+  expect(!flashtile::sm90::bwd_supports(q), config, "dout expanded along the rows (stride 0)");
+  q = p, q.dout_head_stride = 4;
+  expect(!flashtile::sm90::bwd_supports(q), config, "dout's head stride not a multiple of 16 bytes");
+  q = p, q.nheads = 1, q.nheads_k = 1, q.q_head_stride = q.dout_head_stride = 0, q.k_head_stride = q.v_head_stride = 0;
+  expect(flashtile::sm90::bwd_supports(q), config, "stride 0 on modes of extent 1");
+}
+
 // Every tile of one head dim's SM80 backward for a shared-memory budget (no
 // mask, causal and local, and the deterministic mode's dQ kernel) within
 // that budget and passing check_bwd_config.
@@ -771,6 +793,7 @@ int main() {
   check_tile_schedule();
   check_varlen_layout();
   check_sm90_fwd_support();
+  check_sm90_bwd_support();
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<64, cutlass::bfloat16_t>>("sm90 fwd d64");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>>("sm90 fwd d128");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t>>("sm90 fwd d256 fp16");

@@ -4,7 +4,8 @@
 // stride it steps to be a positive multiple of 16 bytes below 2^40 bytes; a mode of
 // extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
-// batch) and larger strides run the SM80 kernels.
+// batch) and larger strides run kernels without TMA: the SM80 forward, the
+// backward of sm90/bwd_kernel.hpp.
 #pragma once
 
 #include <cstdint>
