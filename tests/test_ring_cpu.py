@@ -119,15 +119,16 @@ def test_simulated_ring_with_a_window_is_dense_attention(stand_in, world_size, w
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
 
 
-def varlen_ref(q, k, v, cu_seqlens, causal, dout):
+def varlen_ref(q, k, v, cu_seqlens, causal, dout, window=(-1, -1)):
     """Each sequence of a packed batch through the dense reference: out,
     lse (nheads, total) and the gradients."""
     outs, lses, grads = [], [], [[], [], []]
     bounds = cu_seqlens.tolist()
     for a, b in zip(bounds[:-1], bounds[1:]):
         qs, ks, vs = (t[a:b].unsqueeze(0).detach() for t in (q, k, v))
-        out, lse = attention_ref(qs, ks, vs, causal=causal, softmax_scale=0.3)
-        _, seq_grads = attention_ref_backward(qs, ks, vs, dout[a:b].unsqueeze(0), causal=causal, softmax_scale=0.3)
+        out, lse = attention_ref(qs, ks, vs, causal=causal, softmax_scale=0.3, window_size=window)
+        _, seq_grads = attention_ref_backward(qs, ks, vs, dout[a:b].unsqueeze(0), causal=causal, softmax_scale=0.3,
+                                              window_size=window)
         outs.append(out[0])
         lses.append(lse[0])
         for acc, g in zip(grads, seq_grads):
@@ -135,12 +136,13 @@ def varlen_ref(q, k, v, cu_seqlens, causal, dout):
     return torch.cat(outs), torch.cat(lses, dim=1), [torch.cat(g) for g in grads]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (3, 2)), (True, (7, 0))],
+                         ids=["full", "causal", "window_3_2", "window_7_causal"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_simulated_varlen_ring_is_dense_attention(stand_in, world_size, causal):
+def test_simulated_varlen_ring_is_dense_attention(stand_in, world_size, causal, window):
     """A packed batch of sequences of different lengths, each zigzag-split on
     its own: the ring's output, lse and gradients are each sequence's dense
-    attention."""
+    attention (with a window, within each sequence)."""
     torch.manual_seed(world_size + 10 * causal)
     lengths = [2 * world_size * n for n in (3, 1, 5)]
     cu_seqlens = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32)
@@ -148,8 +150,8 @@ def test_simulated_varlen_ring_is_dense_attention(stand_in, world_size, causal):
     q, k, v = rand(total, 4, 16), rand(total, 2, 16), rand(total, 2, 16)
     dout = torch.randn(total, 4, 16, dtype=torch.float64)
     out, lse = distributed.simulate_ring_flash_attn_varlen(q, k, v, cu_seqlens, max(lengths), world_size,
-                                                           softmax_scale=0.3, causal=causal)
-    ref_out, ref_lse, ref_grads = varlen_ref(q, k, v, cu_seqlens, causal, dout)
+                                                           softmax_scale=0.3, causal=causal, window_size=window)
+    ref_out, ref_lse, ref_grads = varlen_ref(q, k, v, cu_seqlens, causal, dout, window)
     torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-10, atol=1e-10)
     grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -302,10 +304,15 @@ def test_varlen_inputs_name_the_function_that_takes_them():
         distributed.simulate_ring_flash_attn(q, q, q, 2)
 
 
-def test_varlen_ring_refuses_a_window():
-    varlen = distributed._Varlen(torch.tensor([0, 8], dtype=torch.int32), 8)
-    with pytest.raises(ValueError, match="window_size"):
-        distributed._step_blocks(0, 1, 8, 2, (3, 3), varlen)
+def test_varlen_window_blocks_are_each_sequences():
+    """With a window, a varlen step's blocks are each sequence's fixed-length
+    blocks, at its rows."""
+    varlen = distributed._Varlen(torch.tensor([0, 8, 12], dtype=torch.int32), 8)
+    blocks = distributed._step_blocks(0, 0, 12, 2, (1, 1), varlen)
+    expected = [b[:3] for b in distributed._step_blocks(0, 0, 8, 2, (1, 1))]
+    expected += [(slice(q.start + 8, q.stop + 8), slice(k.start + 8, k.stop + 8), w)
+                 for q, k, w, _ in distributed._step_blocks(0, 0, 4, 2, (1, 1))]
+    assert [b[:3] for b in blocks] == expected and all(b[3] is None for b in blocks)
 
 
 def test_ring_needs_an_initialized_process_group():

@@ -60,15 +60,16 @@ def test_simulated_ring_with_a_window_meets_the_rule(world_size, window, causal)
         assert_close_fa_rule(got, ref, pt, name)
 
 
-def _varlen_ref(q, k, v, cu_seqlens, causal, dout, upcast):
+def _varlen_ref(q, k, v, cu_seqlens, causal, dout, window, upcast):
     """Each sequence of a packed batch through the reference: out, lse
     (nheads, total) and the gradients, upcast or in the inputs' dtype."""
     outs, lses, grads = [], [], [[], [], []]
     bounds = cu_seqlens.tolist()
     for a, b in zip(bounds[:-1], bounds[1:]):
         qs, ks, vs = (t[a:b].unsqueeze(0).detach() for t in (q, k, v))
-        _, lse = attention_ref(qs, ks, vs, causal=causal, upcast=upcast)
-        out, seq_grads = attention_ref_backward(qs, ks, vs, dout[a:b].unsqueeze(0), causal, upcast=upcast)
+        _, lse = attention_ref(qs, ks, vs, causal=causal, upcast=upcast, window_size=window)
+        out, seq_grads = attention_ref_backward(qs, ks, vs, dout[a:b].unsqueeze(0), causal, upcast=upcast,
+                                                window_size=window)
         outs.append(out[0])
         lses.append(lse[0])
         for acc, g in zip(grads, seq_grads):
@@ -76,12 +77,14 @@ def _varlen_ref(q, k, v, cu_seqlens, causal, dout, upcast):
     return torch.cat(outs), torch.cat(lses, dim=1), [torch.cat(g) for g in grads]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (True, (100, 0))],
+                         ids=["full", "causal", "window100_causal"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_simulated_varlen_ring_meets_the_rule(world_size, causal):
+def test_simulated_varlen_ring_meets_the_rule(world_size, causal, window):
     """A packed batch of three sequences of different lengths, each
     zigzag-split on its own, through the varlen kernels (seqused_k for the
-    source's first chunks, the gathered second chunks as queries)."""
+    source's first chunks, the gathered second chunks as queries; with a
+    window, each sequence's blocks)."""
     require_built(128, torch.bfloat16)
     torch.manual_seed(world_size + 10 * causal)
     lengths = [2 * world_size * n for n in (40, 7, 96)]
@@ -89,11 +92,11 @@ def test_simulated_varlen_ring_meets_the_rule(world_size, causal):
     total = sum(lengths)
     q, k, v = (torch.randn(total, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2))
     out, lse = distributed.simulate_ring_flash_attn_varlen(q, k, v, cu_seqlens, max(lengths), world_size,
-                                                           causal=causal)
+                                                           causal=causal, window_size=window)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref_out, ref_lse, ref_grads = _varlen_ref(q, k, v, cu_seqlens, causal, dout, upcast=True)
-    pt_out, pt_lse, pt_grads = _varlen_ref(q, k, v, cu_seqlens, causal, dout, upcast=False)
+    ref_out, ref_lse, ref_grads = _varlen_ref(q, k, v, cu_seqlens, causal, dout, window, upcast=True)
+    pt_out, pt_lse, pt_grads = _varlen_ref(q, k, v, cu_seqlens, causal, dout, window, upcast=False)
     assert_close_fa_rule(out, ref_out, pt_out, "out")
     assert_close_fa_rule(lse, ref_lse, pt_lse, "lse")
     for name, got, ref, pt in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):

@@ -30,10 +30,11 @@ Fixed-length batches (batch, seqlen, nheads, head_dim), MQA/GQA, causal or
 not, sliding windows. Varlen batches (``ring_flash_attn_varlen_func``):
 every sequence is zigzag-split on its own (``zigzag_split_varlen``), so each
 rank holds chunks r and 2N−1−r of each sequence, packed, and the ranks'
-cu_seqlens are the whole batch's divided by N; causal or not (no window
-yet). The steps are the same three cases, per sequence at once: the source's
+cu_seqlens are the whole batch's divided by N; causal or not, windows. The
+steps are the same three cases, per sequence at once: the source's
 first chunks are its keys up to ``seqused_k``, the local second chunks are
-gathered into a packed batch of their own.
+gathered into a packed batch of their own. With a window each sequence's
+blocks run on their own (as a batch of one).
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class _Varlen:
         self.halves = torch.tensor(halves, dtype=torch.int32, device=device)
         self.cu_halves = torch.tensor([0] + list(_cumsum(halves)), dtype=torch.int32, device=device)
         starts = cu_seqlens.tolist()[:-1]
+        self.sequences = list(zip(starts, lengths))  # (first row, rows) of each
         self.second_halves = torch.cat(
             [torch.arange(a + h, a + n, device=device) for a, n, h in zip(starts, lengths, halves)]
             or [torch.zeros(0, dtype=torch.long, device=device)])
@@ -231,7 +233,11 @@ def _step_blocks(rank: int, source: int, seqlen: int, world_size: int, window, v
         if window == UNBOUNDED or (window == CAUSAL and source == rank):
             return [(everything, everything, window, varlen.args())]
         if window != CAUSAL:
-            raise ValueError("window_size: sliding windows over varlen batches are not taken by the ring yet")
+            # A window's blocks differ from sequence to sequence (they depend
+            # on its chunks' length): each sequence's, as a batch of one.
+            return [(_shift(q_rows, start), _shift(k_rows, start), block_window, None)
+                    for start, rows in varlen.sequences
+                    for q_rows, k_rows, block_window, _ in _step_blocks(rank, source, rows, world_size, window)]
         if source < rank:
             return [(everything, everything, UNBOUNDED, varlen.args(keys_first_halves=True))]
         return [(varlen.second_halves, everything, UNBOUNDED, varlen.args(queries_second_halves=True))]
@@ -255,6 +261,10 @@ def _step_blocks(rank: int, source: int, seqlen: int, world_size: int, window, v
                 blocks.append((slice(q_local + i, q_local + i + rows), slice(k_local + j, k_local + j + keys),
                                block_window, None))
     return blocks
+
+
+def _shift(rows: slice, start: int) -> slice:
+    return slice(rows.start + start, rows.stop + start)
 
 
 def _merge(out_acc, lse_acc, out, lse):
@@ -480,13 +490,14 @@ def simulate_ring_flash_attn(q, k, v, world_size: int, softmax_scale: Optional[f
 
 
 def simulate_ring_flash_attn_varlen(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, world_size: int,
-                                    softmax_scale: Optional[float] = None, causal: bool = False):
+                                    softmax_scale: Optional[float] = None, causal: bool = False,
+                                    window_size=(-1, -1)):
     """simulate_ring_flash_attn for a packed varlen batch (total, nheads,
     head_dim) with the whole batch's cu_seqlens (int32) and longest sequence:
     each sequence zigzag-split across ``world_size`` virtual ranks. Returns
     (out, lse (nheads, total), fp32), as flash_attn_varlen_func would."""
     softmax_scale = _check_varlen_inputs(q, k, v, cu_seqlens, softmax_scale)
-    return _SimulatedRingFunction.apply(q, k, v, softmax_scale, _window(causal, (-1, -1)),
+    return _SimulatedRingFunction.apply(q, k, v, softmax_scale, _window(causal, window_size),
                                         _SimulatedSplit(world_size, cu_seqlens, max_seqlen))
 
 
@@ -593,12 +604,13 @@ def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal:
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int,
                                 softmax_scale: Optional[float] = None, causal: bool = False, group=None,
-                                return_lse: bool = False):
+                                return_lse: bool = False, window_size=(-1, -1)):
     """ring_flash_attn_func for a packed varlen batch: q, k, v are this rank's
     slice (``zigzag_split_varlen``), (rows, nheads, head_dim); cu_seqlens
     (int32) and max_seqlen are this rank's (``zigzag_cu_seqlens`` of the
-    whole batch's; every length even: two chunks). Returns this rank's rows
-    of the output (and with return_lse=True its lse, (nheads, rows), fp32)."""
+    whole batch's; every length even: two chunks). window_size: flash_attn's
+    sliding window within each sequence. Returns this rank's rows of the
+    output (and with return_lse=True its lse, (nheads, rows), fp32)."""
     softmax_scale = _check_varlen_inputs(q, k, v, cu_seqlens, softmax_scale)
     odd = [n for n in _lengths(cu_seqlens) if n % 2]
     if odd:
@@ -606,5 +618,5 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: i
     if not dist.is_initialized():
         raise RuntimeError("ring_flash_attn_varlen_func needs torch.distributed initialized (init_process_group)")
     out, lse = _RingFunction.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale,
-                                   _window(causal, (-1, -1)), group, _Varlen(cu_seqlens, max_seqlen))
+                                   _window(causal, window_size), group, _Varlen(cu_seqlens, max_seqlen))
     return (out[0], lse[0]) if return_lse else out[0]
