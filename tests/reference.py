@@ -223,6 +223,26 @@ def attention_ref_backward(q, k, v, dout, causal=False, softmax_scale=None, upca
     return out.detach(), tuple(grads)
 
 
+def varlen_attention_ref(q, k, v, dout, cu_seqlens, causal=False, softmax_scale=None, upcast=True,
+                         window_size=(-1, -1)):
+    """A packed varlen batch (total, nheads, d) through the reference, each
+    sequence of cu_seqlens on its own (same rows of q and k): out, lse
+    (nheads, total) and (dq, dk, dv) for the cotangent ``dout``, detached."""
+    outs, lses, grads = [], [], ([], [], [])
+    bounds = cu_seqlens.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        seq = [t[a:b].unsqueeze(0).detach() for t in (q, k, v)]
+        _, lse = attention_ref(*seq, causal=causal, softmax_scale=softmax_scale, upcast=upcast,
+                               window_size=window_size)
+        out, seq_grads = attention_ref_backward(*seq, dout[a:b].unsqueeze(0), causal, softmax_scale, upcast,
+                                                window_size)
+        outs.append(out[0])
+        lses.append(lse[0])
+        for acc, g in zip(grads, seq_grads):
+            acc.append(g[0])
+    return torch.cat(outs), torch.cat(lses, dim=1), tuple(torch.cat(g) for g in grads)
+
+
 def assert_close_fa_rule(actual, ref, torch_lowp, name, factor=2.0, atol=1e-5):
     """FlashAttention's bar: max|actual - ref| <= factor * max|torch_lowp - ref| + atol.
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import assert_close_fa_rule, attention_ref_backward  # noqa: E402
+from reference import assert_close_fa_rule, attention_ref_backward, varlen_attention_ref  # noqa: E402
 
 from flashtile import distributed  # noqa: E402
 
@@ -72,13 +72,9 @@ def main():
             dist.all_gather(slices, t.contiguous())
             gathered.append(distributed.zigzag_unsplit_varlen(slices, cu_seqlens))
         if rank == 0:
-            bounds = cu_seqlens.tolist()
-            for b, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-                seq = [t[a:e].unsqueeze(0) for t in (q, k, v, dout)]
-                ref_out, ref_grads = attention_ref_backward(*seq, causal)
-                pt_out, pt_grads = attention_ref_backward(*seq, causal, upcast=False)
-                check(f"varlen world_size {world_size}, causal {causal}, sequence {b}",
-                      [t[a:e].unsqueeze(0) for t in gathered], ref_out, ref_grads, pt_out, pt_grads)
+            ref_out, _, ref_grads = varlen_attention_ref(q, k, v, dout, cu_seqlens, causal)
+            pt_out, _, pt_grads = varlen_attention_ref(q, k, v, dout, cu_seqlens, causal, upcast=False)
+            check(f"varlen world_size {world_size}, causal {causal}", gathered, ref_out, ref_grads, pt_out, pt_grads)
     dist.destroy_process_group()
 
 

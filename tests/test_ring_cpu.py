@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flashtile import distributed
-from reference import attention_ref, attention_ref_backward, window_mask
+from reference import attention_ref, attention_ref_backward, varlen_attention_ref, window_mask
 
 
 class StandInKernels:
@@ -119,23 +119,6 @@ def test_simulated_ring_with_a_window_is_dense_attention(stand_in, world_size, w
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
 
 
-def varlen_ref(q, k, v, cu_seqlens, causal, dout, window=(-1, -1)):
-    """Each sequence of a packed batch through the dense reference: out,
-    lse (nheads, total) and the gradients."""
-    outs, lses, grads = [], [], [[], [], []]
-    bounds = cu_seqlens.tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        qs, ks, vs = (t[a:b].unsqueeze(0).detach() for t in (q, k, v))
-        out, lse = attention_ref(qs, ks, vs, causal=causal, softmax_scale=0.3, window_size=window)
-        _, seq_grads = attention_ref_backward(qs, ks, vs, dout[a:b].unsqueeze(0), causal=causal, softmax_scale=0.3,
-                                              window_size=window)
-        outs.append(out[0])
-        lses.append(lse[0])
-        for acc, g in zip(grads, seq_grads):
-            acc.append(g[0])
-    return torch.cat(outs), torch.cat(lses, dim=1), [torch.cat(g) for g in grads]
-
-
 @pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (3, 2)), (True, (7, 0))],
                          ids=["full", "causal", "window_3_2", "window_7_causal"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -151,7 +134,7 @@ def test_simulated_varlen_ring_is_dense_attention(stand_in, world_size, causal, 
     dout = torch.randn(total, 4, 16, dtype=torch.float64)
     out, lse = distributed.simulate_ring_flash_attn_varlen(q, k, v, cu_seqlens, max(lengths), world_size,
                                                            softmax_scale=0.3, causal=causal, window_size=window)
-    ref_out, ref_lse, ref_grads = varlen_ref(q, k, v, cu_seqlens, causal, dout, window)
+    ref_out, ref_lse, ref_grads = varlen_attention_ref(q, k, v, dout, cu_seqlens, causal, 0.3, window_size=window)
     torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-10, atol=1e-10)
     grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -257,7 +240,7 @@ def test_varlen_ring_over_gloo_is_dense_attention(tmp_path, causal):
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     out, dq, dk, dv = (distributed.zigzag_unsplit_varlen([r[i] for r in results], cu_seqlens) for i in (0, 2, 3, 4))
     lse = distributed.zigzag_unsplit_varlen([r[1] for r in results], cu_seqlens, dim=1)
-    ref_out, ref_lse, ref_grads = varlen_ref(q, k, v, cu_seqlens, causal, dout)
+    ref_out, ref_lse, ref_grads = varlen_attention_ref(q, k, v, dout, cu_seqlens, causal, 0.3)
     for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv),
                               (ref_out, ref_lse, *ref_grads)):
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"{name}: {m}")

@@ -9,7 +9,7 @@ import torch
 
 import flashtile
 from flashtile import distributed
-from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
+from reference import assert_close_fa_rule, attention_ref, attention_ref_backward, varlen_attention_ref
 from test_backward_gpu import check_grads, rand_qkv, require_built
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -60,23 +60,6 @@ def test_simulated_ring_with_a_window_meets_the_rule(world_size, window, causal)
         assert_close_fa_rule(got, ref, pt, name)
 
 
-def _varlen_ref(q, k, v, cu_seqlens, causal, dout, window, upcast):
-    """Each sequence of a packed batch through the reference: out, lse
-    (nheads, total) and the gradients, upcast or in the inputs' dtype."""
-    outs, lses, grads = [], [], [[], [], []]
-    bounds = cu_seqlens.tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        qs, ks, vs = (t[a:b].unsqueeze(0).detach() for t in (q, k, v))
-        _, lse = attention_ref(qs, ks, vs, causal=causal, upcast=upcast, window_size=window)
-        out, seq_grads = attention_ref_backward(qs, ks, vs, dout[a:b].unsqueeze(0), causal, upcast=upcast,
-                                                window_size=window)
-        outs.append(out[0])
-        lses.append(lse[0])
-        for acc, g in zip(grads, seq_grads):
-            acc.append(g[0])
-    return torch.cat(outs), torch.cat(lses, dim=1), [torch.cat(g) for g in grads]
-
-
 @pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (True, (100, 0))],
                          ids=["full", "causal", "window100_causal"])
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -95,8 +78,9 @@ def test_simulated_varlen_ring_meets_the_rule(world_size, causal, window):
                                                            causal=causal, window_size=window)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref_out, ref_lse, ref_grads = _varlen_ref(q, k, v, cu_seqlens, causal, dout, window, upcast=True)
-    pt_out, pt_lse, pt_grads = _varlen_ref(q, k, v, cu_seqlens, causal, dout, window, upcast=False)
+    ref_out, ref_lse, ref_grads = varlen_attention_ref(q, k, v, dout, cu_seqlens, causal, window_size=window)
+    pt_out, pt_lse, pt_grads = varlen_attention_ref(q, k, v, dout, cu_seqlens, causal, upcast=False,
+                                                    window_size=window)
     assert_close_fa_rule(out, ref_out, pt_out, "out")
     assert_close_fa_rule(lse, ref_lse, pt_lse, "lse")
     for name, got, ref, pt in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):

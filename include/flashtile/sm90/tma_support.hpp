@@ -19,31 +19,33 @@ inline bool tma_stride_ok(int64_t stride_elements, int64_t extent) {
   return extent <= 1 || (stride_elements > 0 && stride_elements % 8 == 0 && stride_elements < kMaxElements);
 }
 
-inline bool fwd_supports(const FwdParams& p) {
-  if (uses_score_mod(p)) return false;
+// TMA can step a (rows, head dim, heads, batch) tensor with these strides.
+inline bool tma_tensor_ok(int64_t row_stride, int64_t head_stride, int64_t batch_stride, int64_t rows, int64_t heads,
+                          int64_t batch) {
+  return tma_stride_ok(row_stride, rows) && tma_stride_ok(head_stride, heads) && tma_stride_ok(batch_stride, batch);
+}
+
+// q, k and v as the TMA kernels see them (a varlen batch: one packed
+// sequence of total rows).
+template <class Params>
+bool tma_qkv_ok(const Params& p) {
   const bool varlen = is_varlen(p);
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch = varlen ? 1 : p.batch;
-  return tma_stride_ok(p.q_row_stride, rows_q) && tma_stride_ok(p.q_head_stride, p.nheads) &&
-         tma_stride_ok(p.q_batch_stride, batch) && tma_stride_ok(p.k_row_stride, rows_k) &&
-         tma_stride_ok(p.k_head_stride, p.nheads_k) && tma_stride_ok(p.k_batch_stride, batch) &&
-         tma_stride_ok(p.v_row_stride, rows_k) && tma_stride_ok(p.v_head_stride, p.nheads_k) &&
-         tma_stride_ok(p.v_batch_stride, batch);
+  return tma_tensor_ok(p.q_row_stride, p.q_head_stride, p.q_batch_stride, rows_q, p.nheads, batch) &&
+         tma_tensor_ok(p.k_row_stride, p.k_head_stride, p.k_batch_stride, rows_k, p.nheads_k, batch) &&
+         tma_tensor_ok(p.v_row_stride, p.v_head_stride, p.v_batch_stride, rows_k, p.nheads_k, batch);
 }
+
+inline bool fwd_supports(const FwdParams& p) { return !uses_score_mod(p) && tma_qkv_ok(p); }
 
 // The warp-specialized backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k
 // and v through TMA; the other tensors with plain loads and stores.
 inline bool bwd_supports(const BwdParams& p) {
-  if (uses_score_mod(p)) return false;
   const bool varlen = is_varlen(p);
-  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  const int64_t batch = varlen ? 1 : p.batch;
-  return tma_stride_ok(p.q_row_stride, rows_q) && tma_stride_ok(p.q_head_stride, p.nheads) &&
-         tma_stride_ok(p.q_batch_stride, batch) && tma_stride_ok(p.dout_row_stride, rows_q) &&
-         tma_stride_ok(p.dout_head_stride, p.nheads) && tma_stride_ok(p.dout_batch_stride, batch) &&
-         tma_stride_ok(p.k_row_stride, rows_k) && tma_stride_ok(p.k_head_stride, p.nheads_k) &&
-         tma_stride_ok(p.k_batch_stride, batch) && tma_stride_ok(p.v_row_stride, rows_k) &&
-         tma_stride_ok(p.v_head_stride, p.nheads_k) && tma_stride_ok(p.v_batch_stride, batch);
+  return !uses_score_mod(p) && tma_qkv_ok(p) &&
+         tma_tensor_ok(p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, varlen ? p.total_q : p.seqlen_q,
+                       p.nheads, varlen ? 1 : p.batch);
 }
 
 }  // namespace flashtile::sm90
