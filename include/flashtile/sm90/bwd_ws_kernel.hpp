@@ -7,10 +7,11 @@
 //                   be free, write the block's LSE · log2(e) and D there,
 //                   then Q and dO by TMA; the stage completes on its
 //                   mbarrier (the lanes' arrivals and TMA's bytes)
-//   consumers       per query block: Sᵀ, dPᵀ; the mask; Pᵀ and dSᵀ in
-//                   registers; dV += Pᵀ·dO and dK += dSᵀ·Q issued; dSᵀ
-//                   staged, both warpgroups meet, dQ = dS·K; the stage
-//                   freed; dQ handed to the writer warp through shared memory
+//   consumers       per query block: Sᵀ and dPᵀ issued; the mask and Pᵀ
+//                   while dPᵀ's product runs; dSᵀ in registers and staged;
+//                   dV += Pᵀ·dO issued; both warpgroups meet; dQ = dS·K,
+//                   then dK += dSᵀ·Q, dQ handed to the writer warp through
+//                   shared memory while dK's product runs; the stage freed
 //   dQ writer warp  adds each block's dQ tile (one contiguous block of the
 //                   fp32 accumulator, bwd_tile.hpp's register order) with
 //                   one cp.reduce.async.bulk, overlapping the next block
@@ -319,9 +320,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
       gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
       gemm_async<true>(mma_sdp, tdPrV, tdPrdO, acc_dp);
-      warpgroup_wait<0>();
+      warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
       warpgroup_fence_operand(acc_s);
-      warpgroup_fence_operand(acc_dp);
 
       if constexpr (decltype(masked)::value) {
         CUTE_UNROLL
@@ -331,30 +331,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if (mask.hides(query, key)) acc_s(i) = -INFINITY;
         }
       }
-      // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e), dSᵀ = Pᵀ ∘ (dPᵀ − D),
-      // one column (query row) at a time: its LSE and D read once.
+      // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e), one column (query
+      // row) at a time: its LSE read once.
       Tensor st = rowcol_view(acc_s);   // (keys, queries)
       Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
       Tensor ct = rowcol_view(tScS);    // (keys, queries) -> (key, query)
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(st); ++ni) {
-        const int query = get<1>(ct(0, ni));
-        const float lse_log2 = storage.lse_log2[stage][query];
-        const float dsum = storage.dsum[stage][query];
+        const float lse_log2 = storage.lse_log2[stage][get<1>(ct(0, ni))];
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) {
-          const float prob = fast_exp2(st(mi, ni) * scale_log2 - lse_log2);
-          st(mi, ni) = prob;
-          dpt(mi, ni) = prob * (dpt(mi, ni) - dsum);
-        }
+        for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse_log2);
       }
       // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K)
       Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
       Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
       convert_fragment_into(acc_s, tdVrPt);
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D)
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dp);
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(st); ++ni) {
+        const float dsum = storage.dsum[stage][get<1>(ct(0, ni))];
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - dsum);
+      }
       convert_fragment_into(acc_dp, tdKrdSt);
-      gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
-      gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
 
       if constexpr (kAccumulateDq) {
         // dSᵀ into buffer it % 2: both warpgroups finished reading it in
@@ -365,20 +367,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // The same registers, in the accumulator's (key, query) order.
         Tensor rdSt = make_tensor(tdKrdSt.data(), acc_dp.layout());
         copy(copy_ds, thr_copy_ds.retile_S(rdSt), thr_copy_ds.partition_D(sdSt));
+        gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
         fence_smem_for_wgmma();
         NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both halves of dSᵀ staged
-        // dV's and dK's products retired first: Pᵀ's and dSᵀ's registers
-        // are then free for dQ's accumulator (with all three in flight,
-        // ptxas spilled 56-88 bytes).
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_dv);
-        warpgroup_fence_operand(acc_dk);
-        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);           // (MMA, MMA_M, MMA_K) descriptors
-        Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});    // (MMA, MMA_M, MMA_N)
+        // dQ, then dK once dV has retired (Pᵀ's registers free); the dQ
+        // tile is handed over while dK's product runs.
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);         // (MMA, MMA_M, MMA_K) descriptors
+        Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_N)
         gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
-        warpgroup_wait<0>();
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(acc_dv);
+        gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+        warpgroup_wait<1>();
         warpgroup_fence_operand(acc_dq);
-        Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
         NamedBarrier::sync(kDqThreads, Traits::kBarrierDqEmpty);
         constexpr int kVector = 4;
         static_assert(decltype(size(acc_dq))::value % kVector == 0);
@@ -390,9 +391,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         cutlass::arch::fence_view_async_shared();  // for the bulk reduce (the async proxy)
         NamedBarrier::arrive(kDqThreads, Traits::kBarrierDqFull);
       } else {
-        warpgroup_wait<0>();
-        Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
+        gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+        gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
       }
+      warpgroup_wait<0>();
+      Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
     };
     int it = 0;
     for (; it < min(query_block_of.masked_iterations, iterations); ++it) process_query_block(it, std::true_type{});
