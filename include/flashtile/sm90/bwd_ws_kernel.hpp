@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     }
 
-    auto process_query_block = [&](int it, auto masked) {
+    auto process_query_block = [&](int it) {
       const int stage = it % kStages;
       const auto head_block = query_block_of(it);
       const int m_block = get<1>(head_block);
@@ -320,10 +320,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
       gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
       gemm_async<true>(mma_sdp, tdPrV, tdPrdO, acc_dp);
+      // The LSE of this thread's query columns read while the products run:
+      // read after them, shared memory's queue behind the products' operand
+      // reads stalled the exponentials (11 % of the warps' samples, ncu).
+      Tensor ct = rowcol_view(tScS);  // (keys, queries) -> (key, query)
+      Tensor lse_log2 = make_tensor<float>(Shape<Int<decltype(size<1>(ct))::value>>{});  // (queries)
+      CUTE_UNROLL
+      for (int ni = 0; ni < size(lse_log2); ++ni) lse_log2(ni) = storage.lse_log2[stage][get<1>(ct(0, ni))];
       warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
       warpgroup_fence_operand(acc_s);
 
-      if constexpr (decltype(masked)::value) {
+      if (it < query_block_of.masked_iterations) {
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
           const int key = n_block * kBlockN + get<0>(tScS(i));
@@ -331,30 +338,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if (mask.hides(query, key)) acc_s(i) = -INFINITY;
         }
       }
-      // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e), one column (query
-      // row) at a time: its LSE read once.
+      // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e)
       Tensor st = rowcol_view(acc_s);   // (keys, queries)
       Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
-      Tensor ct = rowcol_view(tScS);    // (keys, queries) -> (key, query)
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(st); ++ni) {
-        const float lse_log2 = storage.lse_log2[stage][get<1>(ct(0, ni))];
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse_log2);
+        for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse_log2(ni));
       }
       // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K)
       Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
       Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
       convert_fragment_into(acc_s, tdVrPt);
+      Tensor dsum = make_tensor<float>(Shape<Int<decltype(size<1>(ct))::value>>{});  // (queries)
+      CUTE_UNROLL
+      for (int ni = 0; ni < size(dsum); ++ni) dsum(ni) = storage.dsum[stage][get<1>(ct(0, ni))];
 
       // dSᵀ = Pᵀ ∘ (dPᵀ − D)
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_dp);
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(st); ++ni) {
-        const float dsum = storage.dsum[stage][get<1>(ct(0, ni))];
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - dsum);
+        for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - dsum(ni));
       }
       convert_fragment_into(acc_dp, tdKrdSt);
 
@@ -397,9 +403,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       warpgroup_wait<0>();
       Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
     };
-    int it = 0;
-    for (; it < min(query_block_of.masked_iterations, iterations); ++it) process_query_block(it, std::true_type{});
-    for (; it < iterations; ++it) process_query_block(it, std::false_type{});
+    for (int it = 0; it < iterations; ++it) process_query_block(it);
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dv);
 

@@ -16,7 +16,9 @@
 // block's dQ tile into the fp32 accumulator with one bulk reduce-add.
 #pragma once
 
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -94,7 +96,10 @@ struct BwdWsTraits {
   using SmemLayoutQt = sm80::TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
   using SmemLayoutKt = sm80::TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
   using SmemLayoutdS = sm80::TransposedLayout<SmemLayoutdSt, kBlockN, kBlockM>;    // (kBlockM, kBlockN)
-  using SmemCopyAtomdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+  // dSᵀ from the accumulator's registers by stmatrix (8 × 8 tiles of 16-bit
+  // values, 16-byte rows): the element-wise copy compiled to 16 generic
+  // 4-byte stores, each waited on before its address register was reused.
+  using SmemCopyAtomdS = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
