@@ -11,9 +11,9 @@
 // leave the accumulators already as the A operands of dV and dK: nothing
 // goes through shared memory for them, and dK, dV stay in registers.
 //
-// Warpgroup 0 is the producer: warp 0 loads (K and V once by TMA; per query
-// block Q and dO by TMA, its LSE and D rows by its lanes), warp 1 adds each
-// block's dQ tile into the fp32 accumulator with one bulk reduce-add.
+// Warpgroup 0 is the producer: its warp 0 loads (K and V once by TMA; per
+// query block Q and dO by TMA, its LSE and D rows by its lanes); the
+// consumers add dQ into the fp32 accumulator themselves.
 #pragma once
 
 #include <cute/arch/copy_sm90.hpp>
@@ -58,12 +58,10 @@ struct BwdWsTraits {
   static_assert(128 * (kLaunchRegisters - kProducerRegisters) >= kMmaThreads * (kMmaRegisters - kLaunchRegisters),
                 "the consumers' registers must come from the producer's");
 
-  // Named barriers, after CUTLASS's reserved ones (NamedBarrier adds them):
-  // dSᵀ staged by both consumer warpgroups (also K, V's tail zeroed), and
-  // the dQ stage's hand-over between them and the dQ writer warp.
+  // The named barrier, after CUTLASS's reserved ones (NamedBarrier adds
+  // them), where both consumer warpgroups have staged their dSᵀ (also
+  // K, V's tail zeroed).
   static constexpr uint32_t kBarrierConsumers = 0;  // kMmaThreads
-  static constexpr uint32_t kBarrierDqFull = 1;     // kMmaThreads + 32
-  static constexpr uint32_t kBarrierDqEmpty = 2;    // kMmaThreads + 32
 
   using KeysPerWarpgroup = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
   using HeadDimPerWarpgroup = Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>;
@@ -103,8 +101,6 @@ struct BwdWsTraits {
 
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr int kDqElems = kBlockM * kHeadDim;
-  static constexpr uint32_t kBytesDq = kDqElems * sizeof(float);
 
   struct SharedStorage {
     // 1024-byte alignment: the 128-byte swizzle's period, which TMA and
@@ -116,10 +112,6 @@ struct BwdWsTraits {
     // dSᵀ double-buffered: a warpgroup writes block i's while the other
     // may still read block i − 1's in its dQ product.
     alignas(1024) cute::array_aligned<Element, 2 * cosize_v<SmemLayoutdSt>> ds;
-    // This block's dQ, both warpgroups' halves, in the accumulator's
-    // register order (sm80/bwd_tile.hpp's dq_accum_offset): one contiguous
-    // block of the dQ accumulator.
-    alignas(128) cute::array_aligned<float, kDqElems> dq;
     float lse_log2[kStages][kBlockM];  // LSE · log2(e); +inf for rows with no P
     float dsum[kStages][kBlockM];      // D = rowsum(dO ∘ O); 0 past the rows
     alignas(8) uint64_t barrier_kv;    // K and V's TMA loads
