@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
@@ -41,13 +40,8 @@ template <int kHeadDim, class Element, MaskKind kMask>
 Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdWsTraits<kHeadDim, Element>;
   using DqTraits = sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>;
-  // dq_accum's register order is the one the conversion kernel reads back:
-  // the wgmma dQ product of sm90/bwd_traits.hpp, 256 threads.
-  using ConvertTraits = typename BwdTraitsFor<kHeadDim, Element>::template type<false>;
-  static_assert(std::is_same_v<decltype(typename Traits::TiledMmadQ{}.get_layoutC_TV()),
-                               decltype(typename ConvertTraits::TiledMmadQ{}.get_layoutC_TV())> &&
-                    Traits::kMmaThreads == ConvertTraits::kNThreads && Traits::kBlockM == ConvertTraits::kBlockM,
-                "the dQ tiles are written in the order the conversion kernel reads");
+  // The conversion kernel reads dq_accum back in the consumers' order.
+  using ConvertTraits = BwdWsConvertTraits<Traits>;
   const bool deterministic = params.deterministic;
   const Status fits =
       sm80::check_smem_per_block(deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
@@ -75,14 +69,16 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(kernel_params);
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
 
-  const dim3 q_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
+  auto q_grid = [&](int block_m) {
+    return dim3(unsigned(ceil_div(params.seqlen_q, block_m) * params.nheads * params.batch));
+  };
   if (!deterministic) {
-    sm80::bwd_convert_dq_kernel<ConvertTraits><<<q_grid, ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
+    sm80::bwd_convert_dq_kernel<ConvertTraits>
+        <<<q_grid(ConvertTraits::kBlockM), ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
     return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
   }
-  static_assert(DqTraits::kBlockM == Traits::kBlockM);
   auto* dq_kernel = sm80::dq_kernel_for<DqTraits, kMask, false>(false);
-  return sm80::launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, q_grid, DqTraits::kNThreads, stream, params,
+  return sm80::launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, q_grid(DqTraits::kBlockM), DqTraits::kNThreads, stream, params,
                                                          static_cast<const float*>(ws.dsum)) == cudaSuccess
              ? Status::kSuccess
              : Status::kCudaError;

@@ -314,10 +314,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         CUTE_UNROLL
         for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse_log2(ni));
       }
-      // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K)
-      Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
-      Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
-      convert_fragment_into(acc_s, tdVrPt);
+      // D read while dPᵀ's product runs, into the LSE's registers.
       Tensor dsum = make_tensor<float>(Shape<Int<decltype(size<1>(ct))::value>>{});  // (queries)
       CUTE_UNROLL
       for (int ni = 0; ni < size(dsum); ++ni) dsum(ni) = storage.dsum[stage][get<1>(ct(0, ni))];
@@ -330,6 +327,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         CUTE_UNROLL
         for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - dsum(ni));
       }
+      // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K).
+      // Converted only now: at d64, Pᵀ's 16-bit copy beside Sᵀ, dPᵀ and D
+      // would not fit the registers.
+      Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
+      Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
+      convert_fragment_into(acc_s, tdVrPt);
       convert_fragment_into(acc_dp, tdKrdSt);
 
       if constexpr (kAccumulateDq) {

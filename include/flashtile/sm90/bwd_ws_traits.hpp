@@ -1,12 +1,13 @@
 // Tile configuration of the warp-specialized SM90 backward
 // (sm90/bwd_ws_kernel.hpp). A CTA owns kBlockN = 128 keys of one K/V head;
 // its two consumer warpgroups own 64 keys each and walk the query blocks
-// (kBlockM = 64 rows) that see them. Per query block, warpgroup w computes
-// on its keys:
+// (kBlockM = 128 rows at d64, 64 at d128) that see them. Per query block,
+// warpgroup w computes on its keys:
 //   Sᵀ  = K_w·Qᵀ,  dPᵀ = V_w·dOᵀ     (64 × kBlockM)   SS, both K-major
 //   dV_w += Pᵀ·dO, dK_w += dSᵀ·Q      (64 × kHeadDim)  RS: Pᵀ, dSᵀ from registers
-// and, once both warpgroups have staged dSᵀ in shared memory,
-//   dQ[:, half w] = dS·K[:, half w]     (kBlockM × kHeadDim / 2) SS, both MN-major
+// and, once both warpgroups have staged dSᵀ in shared memory, its share of
+//   dQ = dS·K                           SS, both MN-major
+// (rows 64w..64w+63 at d64, head-dim half w at d128).
 // Computing Sᵀ rather than S puts the keys on wgmma's M, so Pᵀ and dSᵀ
 // leave the accumulators already as the A operands of dV and dK: nothing
 // goes through shared memory for them, and dK, dV stay in registers.
@@ -39,14 +40,19 @@ struct BwdWsTraits {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;   // query rows per step
+  // Query rows per step. At d64, 128: Sᵀ, dPᵀ and dQ are then n128 wgmmas
+  // (6 KB of shared memory read per 262 kFLOP; n64 reads 4 KB per 131 kFLOP,
+  // all of shared memory's bandwidth at the tensor cores' rate), and dK, dV
+  // (32 fp32 each) leave the registers for Sᵀ and dPᵀ's 64 each. At d128 64
+  // rows: dK and dV take 64 each.
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
   static constexpr int kStages = 2;    // Q, dO, LSE, D buffers
   static constexpr int kMmaWarpgroups = 2;
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
-  // 64 · 2 (dK, dV) + 64 (Sᵀ, dPᵀ) + 32 (dQ) fp32 per consumer thread at
-  // d128, in 240 registers.
+  // 64 · 2 (dK, dV) + 32 · 2 (Sᵀ, dPᵀ) + 32 (dQ) fp32 per consumer thread at
+  // d128, 32 · 2 + 64 · 2 + 32 at d64, in 240 registers.
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to d128");
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
@@ -64,7 +70,12 @@ struct BwdWsTraits {
   static constexpr uint32_t kBarrierConsumers = 0;  // kMmaThreads
 
   using KeysPerWarpgroup = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
-  using HeadDimPerWarpgroup = Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>;
+  // dQ = dS·K over all kBlockN keys, split between the warpgroups by
+  // query rows where there are 128 of them, else by halves of the head dim.
+  static constexpr bool kDqSplitsRows = kBlockM == 64 * kMmaWarpgroups;
+  static constexpr int kDqCols = kDqSplitsRows ? kHeadDim : kHeadDim / kMmaWarpgroups;  // dQ's N per warpgroup
+  using DqPerWarpgroup =
+      std::conditional_t<kDqSplitsRows, Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>, Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>, GMMA::Major::K,
                            GMMA::Major::K>(),
@@ -74,19 +85,19 @@ struct BwdWsTraits {
                            GMMA::Major::MN>(),
       KeysPerWarpgroup{}));  // (kBlockN, kHeadDim) over kBlockM
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kMmaWarpgroups>, Int<kBlockN>>,
-                           GMMA::Major::MN, GMMA::Major::MN>(),
-      HeadDimPerWarpgroup{}));  // (kBlockM, kHeadDim) over kBlockN
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      DqPerWarpgroup{}));  // (kBlockM, kHeadDim) over kBlockN
 
   // 128-byte-swizzled tiles (rows of 64 elements); the operands read
   // MN-major are transposed views of them (a K-major 8 × 64 atom read
   // column-wise is an MN-major 64 × 8 one).
   // K's atoms are 32 columns wide (64-byte swizzle) where a warpgroup's
-  // half of the head dim is not whole 64-column atoms (d64): an MN-major
-  // operand's N must be.
+  // columns of dQ are not whole 64-column atoms: an MN-major operand's N
+  // must be.
   template <int kRows, int kCols, class Atom = GMMA::Layout_K_SW128_Atom<Element>>
   using SmemLayoutTile = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kCols>>{}));
-  using AtomKV = std::conditional_t<(kHeadDim / kMmaWarpgroups) % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+  using AtomKV = std::conditional_t<kDqCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
                                     GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;           // Q, dO: (kBlockM, kHeadDim), one stage
   using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim, AtomKV>;  // K, V: (kBlockN, kHeadDim)
@@ -120,6 +131,21 @@ struct BwdWsTraits {
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
+};
+
+// What sm80::bwd_convert_dq_kernel reads of a main kernel's traits, for
+// the dQ accumulator BwdWsTraits' consumers fill: their dQ product's
+// register order over kMmaThreads threads, one kBlockM-row block at a time.
+template <class WsTraits>
+struct BwdWsConvertTraits {
+  using Element = typename WsTraits::Element;
+  static constexpr int kBlockM = WsTraits::kBlockM;
+  static constexpr int kHeadDim = WsTraits::kHeadDim;
+  static constexpr int kNThreads = WsTraits::kMmaThreads;
+  using TiledMmadQ = typename WsTraits::TiledMmadQ;
+  using SmemLayoutQ = typename WsTraits::SmemLayoutQ;  // the conversion's bf16/fp16 stage
+  using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+  using GmemTiledCopyStore = sm80::GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, 64>;
 };
 
 }  // namespace flashtile::sm90
