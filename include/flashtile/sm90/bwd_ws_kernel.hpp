@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Barrier = cutlass::arch::ClusterBarrier;
   using TransactionBarrier = cutlass::arch::ClusterTransactionBarrier;
   using NamedBarrier = cutlass::arch::NamedBarrier;
+  static_assert(kBwdDqAccumRowAlign % kBlockM == 0, "dQ accumulator rows are whole query blocks");
   // Named apart from the other kernels' `smem`, which asks less alignment.
   extern __shared__ __align__(1024) char bwd_ws_smem[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(bwd_ws_smem);

@@ -52,7 +52,9 @@ struct BwdWsTraits {
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
   // 64 · 2 (dK, dV) + 32 · 2 (Sᵀ, dPᵀ) + 32 (dQ) fp32 per consumer thread at
-  // d128, 32 · 2 + 64 · 2 + 32 at d64, in 240 registers.
+  // d128, 32 · 2 + 64 · 2 + 32 at d64, in 240 registers, beside the LSE and D
+  // of the thread's query columns (16 each at d128, 32 at d64) and Pᵀ, dSᵀ
+  // in 16 bits: what bounds d64.
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to d128");
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
@@ -74,8 +76,8 @@ struct BwdWsTraits {
   // query rows where there are 128 of them, else by halves of the head dim.
   static constexpr bool kDqSplitsRows = kBlockM == 64 * kMmaWarpgroups;
   static constexpr int kDqCols = kDqSplitsRows ? kHeadDim : kHeadDim / kMmaWarpgroups;  // dQ's N per warpgroup
-  using DqPerWarpgroup =
-      std::conditional_t<kDqSplitsRows, Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>, Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>>;
+  using DqPerWarpgroup = std::conditional_t<kDqSplitsRows, Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>,
+                                            Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>, GMMA::Major::K,
                            GMMA::Major::K>(),
@@ -91,17 +93,15 @@ struct BwdWsTraits {
 
   // 128-byte-swizzled tiles (rows of 64 elements); the operands read
   // MN-major are transposed views of them (a K-major 8 × 64 atom read
-  // column-wise is an MN-major 64 × 8 one).
-  // K's atoms are 32 columns wide (64-byte swizzle) where a warpgroup's
-  // columns of dQ are not whole 64-column atoms: an MN-major operand's N
-  // must be.
-  template <int kRows, int kCols, class Atom = GMMA::Layout_K_SW128_Atom<Element>>
-  using SmemLayoutTile = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kCols>>{}));
-  using AtomKV = std::conditional_t<kDqCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-                                    GMMA::Layout_K_SW64_Atom<Element>>;
-  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;           // Q, dO: (kBlockM, kHeadDim), one stage
-  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim, AtomKV>;  // K, V: (kBlockN, kHeadDim)
-  using SmemLayoutdSt = SmemLayoutTile<kBlockN, kBlockM>;          // dSᵀ: (kBlockN, kBlockM)
+  // column-wise is an MN-major 64 × 8 one). Kᵀ is dQ's MN-major B operand,
+  // whose N (a warpgroup's columns of dQ) must be whole 64-column atoms.
+  static_assert(kDqCols % 64 == 0, "dQ's columns per warpgroup are whole 128-byte swizzle atoms");
+  template <int kRows, int kCols>
+  using SmemLayoutTile =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kCols>>{}));
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // Q, dO: (kBlockM, kHeadDim), one stage
+  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // K, V: (kBlockN, kHeadDim)
+  using SmemLayoutdSt = SmemLayoutTile<kBlockN, kBlockM>;  // dSᵀ: (kBlockN, kBlockM)
   using SmemLayoutQt = sm80::TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
   using SmemLayoutKt = sm80::TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
   using SmemLayoutdS = sm80::TransposedLayout<SmemLayoutdSt, kBlockN, kBlockM>;    // (kBlockM, kBlockN)
