@@ -457,7 +457,7 @@ template <flashtile::MaskKind kKind, int kM, int kN>
 void check_block_mask(const char* config) {
   using flashtile::MaskKind;
   bool visits_all = true, skips_only_visible = true, fwd_loops_mask = true, bwd_ranges_mask = true,
-       in_range = true;
+       in_range = true, hides_is_rule = true, anchored_is_hides = true;
   std::vector<std::pair<int, int>> windows = {{-1, -1}};
   if (kKind == MaskKind::kCausal) windows = {{-1, 0}};
   // The last three would overflow int sums unless BlockMask caps them.
@@ -494,6 +494,22 @@ void check_block_mask(const char* config) {
           }
           return false;
         };
+        // hides(), and anchored_at(row0, col0).hides(dr, dc) from anchors
+        // on and off the diagonal, against the rule, over a tile's offsets
+        // (rows of the sequence only: past it the capped windows may differ
+        // from the rule, and no kernel uses those rows' results).
+        for (int row0 : {0, seqlen_q / 2, seqlen_q - 1}) {
+          for (int col0 : {0, seqlen_k / 3, seqlen_k - 1}) {
+            const auto anchored = mask.anchored_at(row0, col0);
+            for (int dr = 0; dr < kM && row0 + dr < seqlen_q; ++dr) {
+              for (int dc = 0; dc < kN; ++dc) {
+                const bool rule = hidden(row0 + dr, col0 + dc);
+                hides_is_rule &= mask.hides(row0 + dr, col0 + dc) == rule;
+                anchored_is_hides &= anchored.hides(dr, dc) == rule;
+              }
+            }
+          }
+        }
         for (int m = 0; m < m_blocks; ++m) {
           const int begin = mask.n_block_begin(m), end = mask.n_block_end(m);
           in_range &= begin >= 0 && end <= n_blocks;
@@ -527,6 +543,8 @@ void check_block_mask(const char* config) {
   expect(skips_only_visible, config, "tiles without the mask hide no (row, col)");
   expect(fwd_loops_mask, config, "the forward's mask-free loop gets only tiles that need no mask");
   expect(bwd_ranges_mask, config, "the backward's mask-free query blocks need no mask");
+  expect(hides_is_rule, config, "hides(row, col) is the visibility rule");
+  expect(anchored_is_hides, config, "anchored_at(row0, col0).hides(dr, dc) is hides(row0 + dr, col0 + dc)");
 }
 
 // bwd_tile_coord: every (block order, head) of a 1-D grid is owned by exactly

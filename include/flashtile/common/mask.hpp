@@ -177,6 +177,29 @@ struct BlockMask {
     return hidden;
   }
 
+  // hides() for the elements of a thread's fragment, each at an offset
+  // (dr, dc) known at compile time from one anchor element (row0, col0):
+  // col − row − offset is computed once, at the anchor, and each element
+  // compares it with a constant. Computing each element's row and col for
+  // hides() kept them all live: 64 coordinates a thread at d64 in the
+  // warp-specialized backward, 56-128 bytes of spills there.
+  struct Anchored {
+    int cols_left;  // seqlen_k − col0: an element is past seqlen_k iff dc >= cols_left
+    int diagonal;   // col0 − row0 − offset
+    int left;
+    int right;
+    CUTE_HOST_DEVICE bool hides(int dr, int dc) const {
+      const int d = diagonal + (dc - dr);  // col − row − offset
+      bool hidden = dc >= cols_left;
+      if constexpr (kIsCausal) hidden = hidden || d > 0;
+      if constexpr (kIsLocal) hidden = hidden || d > right || d < -left;
+      return hidden;
+    }
+  };
+  CUTE_HOST_DEVICE Anchored anchored_at(int row0, int col0) const {
+    return {seqlen_k - col0, col0 - row0 - offset, left, right};
+  }
+
   // acc_s: this thread's S fragment; coords: the same partition of an
   // identity tensor, giving each element's (row, col) inside the tile.
   template <class Acc, class Coords>

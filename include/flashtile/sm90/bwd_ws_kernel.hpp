@@ -300,11 +300,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       warpgroup_fence_operand(acc_s);
 
       if (it < query_block_of.masked_iterations) {
+        // Each element's (key, query) as a constant offset from the
+        // thread's first one.
+        const auto first = tScS(0);
+        const auto anchored = mask.anchored_at(m_block * kBlockM + get<1>(first), n_block * kBlockN + get<0>(first));
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
-          const int key = n_block * kBlockN + get<0>(tScS(i));
-          const int query = m_block * kBlockM + get<1>(tScS(i));
-          if (mask.hides(query, key)) acc_s(i) = -INFINITY;
+          if (anchored.hides(get<1>(tScS(i)) - get<1>(first), get<0>(tScS(i)) - get<0>(first))) acc_s(i) = -INFINITY;
         }
       }
       // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e)
