@@ -732,6 +732,46 @@ void check_sm90_bwd_support() {
   expect(flashtile::sm90::bwd_supports(q), config, "stride 0 on modes of extent 1");
 }
 
+// The warp-specialized backward's per-query-column values (LSE, D;
+// sm90/column_values.hpp) assume its Sᵀ and dPᵀ partition: every consumer
+// thread's column ni, in every row of its fragment, is
+// accumulator_column(lane, ni).
+template <int kD>
+void check_bwd_ws_columns(const char* config) {
+  using Traits = flashtile::sm90::BwdWsTraits<kD, cutlass::bfloat16_t>;
+  using namespace cute;
+  typename Traits::TiledMmaSdP mma;
+  const auto identity = make_identity_tensor(Shape<Int<Traits::kBlockN>, Int<Traits::kBlockM>>{});
+  bool columns_match = true;
+  bool counts_match = true;
+  for (int t = 0; t < Traits::kMmaThreads; ++t) {
+    const auto ct = flashtile::rowcol_view(mma.get_thread_slice(t).partition_C(identity));  // (keys, queries)
+    counts_match = counts_match && int(size<1>(ct)) == Traits::kBlockM / 4;
+    for (int mi = 0; mi < int(size<0>(ct)); ++mi) {
+      for (int ni = 0; ni < int(size<1>(ct)); ++ni) {
+        columns_match = columns_match && int(get<1>(ct(mi, ni))) == flashtile::sm90::accumulator_column(t % 32, ni);
+      }
+    }
+  }
+  expect(counts_match, config, "each thread holds kBlockM / 4 query columns");
+  expect(columns_match, config, "query column ni of lane l is accumulator_column(l, ni)");
+  // The split form: column ni of lane l is where the shuffle fetches it from,
+  // each kept value loaded by exactly one lane of the 8 that share it.
+  using Split = flashtile::sm90::ColumnValues<Traits::kBlockM, true>;
+  bool fetched_right = true;
+  std::set<std::pair<int, int>> kept;  // (l mod 4, column)
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int ni = 0; ni < Traits::kBlockM / 4; ++ni) {
+      const int source = Split::source_lane(lane, ni);
+      fetched_right = fetched_right && source % 4 == lane % 4 &&
+                      Split::held_column(source, Split::source_index(ni)) == flashtile::sm90::accumulator_column(lane, ni);
+    }
+    for (int index = 0; index < 2 * Split::kGroupsPerLane; ++index) kept.insert({lane % 4, Split::held_column(lane, index)});
+  }
+  expect(fetched_right, config, "split column values: each column fetched from a lane that keeps it");
+  expect(int(kept.size()) == 32 * 2 * Split::kGroupsPerLane, config, "split column values: no column kept twice");
+}
+
 // Every tile of one head dim's SM80 backward for a shared-memory budget (no
 // mask, causal and local, and the deterministic mode's dQ kernel) within
 // that budget and passing check_bwd_config.
@@ -812,6 +852,8 @@ int main() {
   check_varlen_layout();
   check_sm90_fwd_support();
   check_sm90_bwd_support();
+  check_bwd_ws_columns<64>("sm90 ws bwd d64 columns");
+  check_bwd_ws_columns<128>("sm90 ws bwd d128 columns");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<64, cutlass::bfloat16_t>>("sm90 fwd d64");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>>("sm90 fwd d128");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t>>("sm90 fwd d256 fp16");

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <type_traits>
+#include <utility>
 
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
@@ -178,16 +179,40 @@ CUTE_DEVICE void atomic_add_vector(float* dst, Acc const& acc, int i) {
   }
 }
 
+// thread_dst[kOffsetBytes / 4, + 4) += acc(i .. i + 3): one red.v4.f32 whose
+// offset from the thread's address is an immediate.
+template <int kOffsetBytes, class Acc>
+CUTE_DEVICE void atomic_add_vector_at(float* thread_dst, Acc const& acc, int i) {
+  asm volatile("red.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};" ::"l"(thread_dst), "f"(acc(i)), "f"(acc(i + 1)),
+               "f"(acc(i + 2)), "f"(acc(i + 3)), "n"(kOffsetBytes)
+               : "memory");
+}
+
+template <int kNThreads, class Acc, int... kVectors>
+CUTE_DEVICE void add_tile_atomic_v4(float* thread_dst, Acc const& acc, std::integer_sequence<int, kVectors...>) {
+  (atomic_add_vector_at<dq_accum_offset<kNThreads, 4>(0, 4 * kVectors) * int(sizeof(float))>(thread_dst, acc,
+                                                                                               4 * kVectors),
+   ...);
+}
+
 // acc's tile += into dst, an fp32 tile in register order (dq_accum_offset;
 // the dQ accumulator's blocks, the split tail's dK and dV), with
-// dq_accum_vector() values per atomic add.
+// dq_accum_vector() values per atomic add. The vector adds address the tile
+// from one register pair: with an address per add, ptxas kept eight pairs
+// live until the adds had read them.
 template <int kNThreads, class Acc>
 CUTE_DEVICE void add_tile_atomic(float* dst, Acc const& acc, int tid) {
   constexpr int kVector = dq_accum_vector();
-  static_assert(decltype(size(acc))::value % kVector == 0);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += kVector) {
-    atomic_add_vector<kVector>(dst + dq_accum_offset<kNThreads, kVector>(tid, i), acc, i);
+  constexpr int kValues = decltype(size(acc))::value;
+  static_assert(kValues % kVector == 0);
+  if constexpr (kVector == 4) {
+    add_tile_atomic_v4<kNThreads>(dst + dq_accum_offset<kNThreads, kVector>(tid, 0), acc,
+                                  std::make_integer_sequence<int, kValues / kVector>{});
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < kValues; i += kVector) {
+      atomic_add_vector<kVector>(dst + dq_accum_offset<kNThreads, kVector>(tid, i), acc, i);
+    }
   }
 }
 

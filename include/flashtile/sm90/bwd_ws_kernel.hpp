@@ -39,6 +39,7 @@
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm90/bwd_ws_traits.hpp"
+#include "flashtile/sm90/column_values.hpp"
 #include "flashtile/sm90/gemm.hpp"
 
 namespace flashtile::sm90 {
@@ -208,6 +209,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int head = get<0>(head_block), m_block = get<1>(head_block);
         const int rows_valid = seq.seqlen_q - m_block * kBlockM;
         const int64_t row0 = seq.row_index(p, head) + int64_t(m_block) * kBlockM;
+        if (lane == 0) {
+          storage.block_m[stage] = m_block;
+          if constexpr (kAccumulateDq) {
+            storage.block_dq_offset[stage] = (bwd_dq_accum_row(p, seq, head) + int64_t(m_block) * kBlockM) * kHeadDim;
+          }
+        }
         // A row past the sequence, or one that saw no key in the forward
         // (LSE −inf), gets +inf: its P is exp2(−inf) = 0 and its dS 0
         // (its Q and dO rows may be another sequence's, or TMA's zeros).
@@ -235,6 +242,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // ---- the consumers ----
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
     const int mma_tid = int(threadIdx.x) - 128;
+    const int lane = int(threadIdx.x) % 32;
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
@@ -273,8 +281,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     auto process_query_block = [&](int it) {
       const int stage = it % kStages;
-      const auto head_block = query_block_of(it);
-      const int m_block = get<1>(head_block);
       Tensor sQ = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim)
       Tensor sdO = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQ{});   // (kBlockM, kHeadDim)
       Tensor sQt = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM)
@@ -285,6 +291,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K) descriptors
 
       TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
+      const int m_block = storage.block_m[stage];
       Tensor acc_s = partition_fragment_C(mma_sdp, ShapeSt{});   // (MMA, MMA_M, MMA_N): Sᵀ
       Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
       gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
@@ -292,10 +299,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // The LSE of this thread's query columns read while the products run:
       // read after them, shared memory's queue behind the products' operand
       // reads stalled the exponentials (11 % of the warps' samples, ncu).
-      Tensor ct = rowcol_view(tScS);  // (keys, queries) -> (key, query)
-      Tensor lse_log2 = make_tensor<float>(Shape<Int<decltype(size<1>(ct))::value>>{});  // (queries)
-      CUTE_UNROLL
-      for (int ni = 0; ni < size(lse_log2); ++ni) lse_log2(ni) = storage.lse_log2[stage][get<1>(ct(0, ni))];
+      ColumnValues<kBlockM, Traits::kSplitColumnValues> lse_log2;  // of the thread's query columns
+      lse_log2.load(storage.lse_log2[stage], lane);
       warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
       warpgroup_fence_operand(acc_s);
 
@@ -314,21 +319,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(st); ++ni) {
+        const float lse = lse_log2(ni);
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse_log2(ni));
+        for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse);
       }
       // D read while dPᵀ's product runs, into the LSE's registers.
-      Tensor dsum = make_tensor<float>(Shape<Int<decltype(size<1>(ct))::value>>{});  // (queries)
-      CUTE_UNROLL
-      for (int ni = 0; ni < size(dsum); ++ni) dsum(ni) = storage.dsum[stage][get<1>(ct(0, ni))];
+      ColumnValues<kBlockM, Traits::kSplitColumnValues> dsum;  // of the thread's query columns
+      dsum.load(storage.dsum[stage], lane);
 
       // dSᵀ = Pᵀ ∘ (dPᵀ − D)
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_dp);
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(st); ++ni) {
+        const float d = dsum(ni);
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - dsum(ni));
+        for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - d);
       }
       // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K).
       // Converted only now: at d64, Pᵀ's 16-bit copy beside Sᵀ, dPᵀ and D
@@ -362,9 +368,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
         warpgroup_wait<1>();
         warpgroup_fence_operand(acc_dq);
-        float* dq_block = params.dq_accum +
-                          (bwd_dq_accum_row(p, seq, get<0>(head_block)) + int64_t(m_block) * kBlockM) * kHeadDim;
-        sm80::add_tile_atomic<kMmaThreads>(dq_block, acc_dq, mma_tid);
+        sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + storage.block_dq_offset[stage], acc_dq, mma_tid);
       } else {
         gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
         gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);

@@ -56,6 +56,10 @@ struct BwdWsTraits {
   // of the thread's query columns (16 each at d128, 32 at d64) and Pᵀ, dSᵀ
   // in 16 bits: what bounds d64.
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to d128");
+  // At d64 the LSE and D of a thread's 32 query columns are split between
+  // the 8 lanes that share them and fetched by shuffle (sm90/column_values.hpp):
+  // with all 32 in registers beside Sᵀ, dPᵀ, dK and dV, ptxas spilled.
+  static constexpr bool kSplitColumnValues = kBlockM == 128;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
   // setmaxnreg moves registers within the CTA's launch allocation (ptxas
@@ -125,6 +129,11 @@ struct BwdWsTraits {
     alignas(1024) cute::array_aligned<Element, 2 * cosize_v<SmemLayoutdSt>> ds;
     float lse_log2[kStages][kBlockM];  // LSE · log2(e); +inf for rows with no P
     float dsum[kStages][kBlockM];      // D = rowsum(dO ∘ O); 0 past the rows
+    // The stage's query block, written by the loader, which walks the
+    // blocks anyway: the consumers' own walk divided by the heads' block
+    // counts on every block (1.7 % of their issued instructions, ncu).
+    int64_t block_dq_offset[kStages];  // its first element in the dQ accumulator
+    int block_m[kStages];              // its index in the sequence
     alignas(8) uint64_t barrier_kv;    // K and V's TMA loads
     uint64_t barrier_full[kStages];    // Q, dO (TMA bytes) and LSE, D (the loader lanes' arrivals)
     uint64_t barrier_empty[kStages];   // every consumer thread done with the stage
