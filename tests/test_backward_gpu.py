@@ -15,6 +15,8 @@ activation memory at long sequence lengths. Combinations whose backward is
 missing from this build's kernel table are skipped with a reason.
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -453,10 +455,14 @@ def test_deterministic_through_every_api(api):
     """Each public function's deterministic=True reaches the backward: its
     gradients equal, bit for bit, those of flashtile::bwd called directly with
     deterministic=True. The default mode's atomic adds sum dq in another order
-    (128-key partials, not 64-key blocks), so a dropped flag changes the bits."""
+    (the mma.sync path: 128-key partials, not 64-key blocks; the
+    warp-specialized one: the key blocks as they come, mostly the last first,
+    where the deterministic mode adds them first to last), so with five key
+    blocks a dropped flag changes the bits (two partials add the same either
+    way)."""
     head_dim, dtype = default_config()
-    qkv = torch.randn(2, 193, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(2, 193, 4, head_dim, device="cuda", dtype=dtype)
+    qkv = torch.randn(2, 577, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(2, 577, 4, head_dim, device="cuda", dtype=dtype)
     q, k, v = qkv.detach().unbind(2)
     scale = head_dim ** -0.5
     out, lse, _ = torch.ops.flashtile.fwd(q, k, v, scale, True, True)
@@ -523,6 +529,11 @@ def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
         kernel = "flashtile::sm90::bwd_ws_kernel" if head_dim in SM90_BWD_WS_HEAD_DIMS else "flashtile::sm90::bwd_dkdv_kernel"
         assert any(kernel in n for n in names), (head_dim, names)
         assert not any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
+        if head_dim in SM90_BWD_WS_HEAD_DIMS:
+            # dQ comes from the warp-specialized kernel in both modes (in
+            # turns when deterministic), then its conversion; no dQ kernel.
+            assert not any("bwd_dq_kernel" in n for n in names), (head_dim, names)
+            assert any("bwd_convert_dq_kernel" in n for n in names), (head_dim, names)
     others = [combo for combo in BWD_BUILT if combo not in SM90_BWD_BUILT and combo in FWD_BUILT]
     if others:
         head_dim, name = others[0]
@@ -541,6 +552,43 @@ def test_sm90_backward_seqlens(seqlen_q, seqlen_k, causal, deterministic):
     for head_dim, name in SM90_BWD_BUILT:
         q, k, v = rand_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, DTYPES[name])
         run_and_check(q, k, v, causal, deterministic=deterministic)
+
+
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (300, 70))],
+                         ids=["full", "causal", "window"])
+def test_sm90_deterministic_dq_in_turns(causal, window):
+    """The warp-specialized backward's deterministic mode, where the key
+    blocks that see a query block add its dQ one after another
+    (sm90/dq_turns.hpp): a varlen batch of sequences of up to 9 key blocks
+    (one of a single token), GQA, a window. Three runs give the same bits,
+    and the gradients equal the default mode's up to the order of fp32 sums
+    (which the other tests hold to the float64 reference)."""
+    require_sm90_backward()
+    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
+    if not pairs:
+        pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
+    seqlens_q, seqlens_k = [700, 1, 389, 1030], [1100, 5, 389, 640]
+    cu_q = torch.tensor([0, *itertools.accumulate(seqlens_q)], device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(seqlens_k)], device="cuda", dtype=torch.int32)
+    for head_dim, name in pairs:
+        dtype = DTYPES[name]
+        q = torch.randn(sum(seqlens_q), 8, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        dout = torch.randn_like(q)
+
+        def grads(deterministic):
+            out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                   causal=causal, window_size=window,
+                                                   deterministic=deterministic)
+            return flash_grads(out, (q, k, v), dout)
+
+        runs = [grads(True) for _ in range(3)]
+        for run in runs[1:]:
+            for label, got, want in zip(("dq", "dk", "dv"), run, runs[0]):
+                assert torch.equal(got, want), f"hdim{head_dim}/{name} {label} differs between deterministic runs"
+        for label, got, want in zip(("dq", "dk", "dv"), runs[0], grads(False)):
+            assert_close_up_to_atomics(got, want, f"hdim{head_dim}/{name} {label}")
 
 
 # --------------------------------------------------------------------------

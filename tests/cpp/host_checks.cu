@@ -457,7 +457,7 @@ template <flashtile::MaskKind kKind, int kM, int kN>
 void check_block_mask(const char* config) {
   using flashtile::MaskKind;
   bool visits_all = true, skips_only_visible = true, fwd_loops_mask = true, bwd_ranges_mask = true,
-       in_range = true, hides_is_rule = true, anchored_is_hides = true;
+       in_range = true, hides_is_rule = true, anchored_is_hides = true, dq_turns_in_order = true;
   std::vector<std::pair<int, int>> windows = {{-1, -1}};
   if (kKind == MaskKind::kCausal) windows = {{-1, 0}};
   // The last three would overflow int sums unless BlockMask caps them.
@@ -535,6 +535,22 @@ void check_block_mask(const char* config) {
             if (m >= mask_end && m < left_begin) bwd_ranges_mask &= !block_has_hidden(m, n);
           }
         }
+        // sm90/dq_turns.hpp: the key blocks whose walk takes query block m
+        // are n_block_begin(m), n_block_begin(m) + 1, ... with no gap, so
+        // key block n's turn is n − n_block_begin(m).
+        for (int m = 0; m < m_blocks; ++m) {
+          int next = mask.n_block_begin(m);
+          bool ended = false;
+          for (int n = 0; n < n_blocks; ++n) {
+            const int m_begin = mask.m_block_begin(n), m_end = std::max(m_begin, mask.m_block_end(n));
+            if (m < m_begin || m >= m_end) {
+              ended = ended || n >= next;
+              continue;
+            }
+            dq_turns_in_order &= !ended && n == next;
+            ++next;
+          }
+        }
       }
     }
   }
@@ -545,6 +561,7 @@ void check_block_mask(const char* config) {
   expect(bwd_ranges_mask, config, "the backward's mask-free query blocks need no mask");
   expect(hides_is_rule, config, "hides(row, col) is the visibility rule");
   expect(anchored_is_hides, config, "anchored_at(row0, col0).hides(dr, dc) is hides(row0 + dr, col0 + dc)");
+  expect(dq_turns_in_order, config, "the key blocks that see a query block run from n_block_begin without a gap");
 }
 
 // bwd_tile_coord: every (block order, head) of a 1-D grid is owned by exactly
