@@ -554,39 +554,53 @@ def test_sm90_backward_seqlens(seqlen_q, seqlen_k, causal, deterministic):
         run_and_check(q, k, v, causal, deterministic=deterministic)
 
 
+@pytest.mark.parametrize("seqused", [False, True], ids=["all-keys", "seqused_k"])
 @pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (300, 70))],
                          ids=["full", "causal", "window"])
-def test_sm90_deterministic_dq_in_turns(causal, window):
+def test_sm90_deterministic_dq_in_turns(causal, window, seqused):
     """The warp-specialized backward's deterministic mode, where the key
     blocks that see a query block add its dQ one after another
     (sm90/dq_turns.hpp): a varlen batch of sequences of up to 9 key blocks
-    (one of a single token), GQA, a window. Three runs give the same bits,
-    and the gradients equal the default mode's up to the order of fp32 sums
-    (which the other tests hold to the float64 reference)."""
+    (one of a single query), GQA, a window, seqused_k. The first and last
+    sequences hold the same data at different places in the grid: their
+    gradients must be equal bit for bit (with the adds in arrival order they
+    differ), as must three runs; and the gradients equal the default mode's
+    up to the order of fp32 sums (which the other tests hold to the float64
+    reference)."""
     require_sm90_backward()
     pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
     if not pairs:
         pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
-    seqlens_q, seqlens_k = [700, 1, 389, 1030], [1100, 5, 389, 640]
+    seqlens_q, seqlens_k = [1030, 1, 389, 700, 1030], [1100, 5, 389, 640, 1100]
     cu_q = torch.tensor([0, *itertools.accumulate(seqlens_q)], device="cuda", dtype=torch.int32)
     cu_k = torch.tensor([0, *itertools.accumulate(seqlens_k)], device="cuda", dtype=torch.int32)
+    used_k = torch.tensor([1000, 5, 300, 640, 1000], device="cuda", dtype=torch.int32) if seqused else None
+    first_q, last_q = slice(0, seqlens_q[0]), slice(cu_q[-2].item(), cu_q[-1].item())
+    first_k, last_k = slice(0, seqlens_k[0]), slice(cu_k[-2].item(), cu_k[-1].item())
     for head_dim, name in pairs:
         dtype = DTYPES[name]
-        q = torch.randn(sum(seqlens_q), 8, head_dim, device="cuda", dtype=dtype, requires_grad=True)
-        k = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
-        v = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        q = torch.randn(sum(seqlens_q), 8, head_dim, device="cuda", dtype=dtype)
+        k = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype)
+        v = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype)
         dout = torch.randn_like(q)
+        for t, first, last in ((q, first_q, last_q), (k, first_k, last_k), (v, first_k, last_k), (dout, first_q, last_q)):
+            t[last] = t[first]
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
 
         def grads(deterministic):
             out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
                                                    causal=causal, window_size=window,
-                                                   deterministic=deterministic)
+                                                   deterministic=deterministic, seqused_k=used_k)
             return flash_grads(out, (q, k, v), dout)
 
-        runs = [grads(True) for _ in range(3)]
+        runs, names = cuda_kernel_names(lambda: [grads(True) for _ in range(3)])
+        assert any("flashtile::sm90::bwd_ws_kernel" in n for n in names), names
         for run in runs[1:]:
             for label, got, want in zip(("dq", "dk", "dv"), run, runs[0]):
                 assert torch.equal(got, want), f"hdim{head_dim}/{name} {label} differs between deterministic runs"
+        for label, g, (first, last) in zip(("dq", "dk", "dv"), runs[0],
+                                           ((first_q, last_q), (first_k, last_k), (first_k, last_k))):
+            assert torch.equal(g[first], g[last]), f"hdim{head_dim}/{name} {label}: same sequence, other bits"
         for label, got, want in zip(("dq", "dk", "dv"), runs[0], grads(False)):
             assert_close_up_to_atomics(got, want, f"hdim{head_dim}/{name} {label}")
 

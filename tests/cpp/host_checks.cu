@@ -536,19 +536,12 @@ void check_block_mask(const char* config) {
           }
         }
         // sm90/dq_turns.hpp: the key blocks whose walk takes query block m
-        // are n_block_begin(m), n_block_begin(m) + 1, ... with no gap, so
-        // key block n's turn is n − n_block_begin(m).
+        // are exactly [n_block_begin(m), n_block_end(m)).
         for (int m = 0; m < m_blocks; ++m) {
-          int next = mask.n_block_begin(m);
-          bool ended = false;
+          const int first = mask.n_block_begin(m), end = mask.n_block_end(m);
           for (int n = 0; n < n_blocks; ++n) {
             const int m_begin = mask.m_block_begin(n), m_end = std::max(m_begin, mask.m_block_end(n));
-            if (m < m_begin || m >= m_end) {
-              ended = ended || n >= next;
-              continue;
-            }
-            dq_turns_in_order &= !ended && n == next;
-            ++next;
+            dq_turns_in_order &= (m >= m_begin && m < m_end) == (n >= first && n < end);
           }
         }
       }
@@ -561,7 +554,7 @@ void check_block_mask(const char* config) {
   expect(bwd_ranges_mask, config, "the backward's mask-free query blocks need no mask");
   expect(hides_is_rule, config, "hides(row, col) is the visibility rule");
   expect(anchored_is_hides, config, "anchored_at(row0, col0).hides(dr, dc) is hides(row0 + dr, col0 + dc)");
-  expect(dq_turns_in_order, config, "the key blocks that see a query block run from n_block_begin without a gap");
+  expect(dq_turns_in_order, config, "the key blocks whose walk takes a query block are [n_block_begin, n_block_end)");
 }
 
 // bwd_tile_coord: every (block order, head) of a 1-D grid is owned by exactly

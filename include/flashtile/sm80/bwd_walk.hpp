@@ -11,6 +11,9 @@
 // d64, counted in the SASS). The warp-specialized kernel keeps one loop with
 // the mask behind a uniform branch: its two loop copies were register-
 // allocated apart and the unmasked one spilled (benchmarks/NOTES.md).
+// With kAscending (the warp-specialized kernel's deterministic mode,
+// sm90/dq_turns.hpp) the walk goes head by head, each head's query blocks in
+// ascending order, and masked(it, m_block) says which need the mask.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,7 +24,7 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <MaskKind kMask, int kBlockM, int kBlockN>
+template <MaskKind kMask, int kBlockM, int kBlockN, bool kAscending = false>
 struct BwdQueryWalk {
   int first_head;               // the K/V head's first query head (GQA group)
   int m_block_begin;            // the first query block that sees the keys
@@ -48,6 +51,10 @@ struct BwdQueryWalk {
 
   // Iteration it -> (query head, query block).
   CUTE_DEVICE auto operator()(int it) const {
+    if constexpr (kAscending) {
+      const int per_head = masked_per_head + unmasked_per_head;
+      return make_tuple(first_head + it / per_head, m_block_begin + it % per_head);
+    }
     if (it < masked_iterations) {
       const int k = it % masked_per_head;
       int m_block = m_block_begin + k;
@@ -58,6 +65,16 @@ struct BwdQueryWalk {
     }
     const int j = it - masked_iterations;
     return make_tuple(first_head + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);
+  }
+
+  // Whether iteration it, on query block m_block (operator()(it)'s), needs
+  // the mask.
+  CUTE_DEVICE bool masked(int it, int m_block) const {
+    if constexpr (kAscending) {
+      return m_block < m_block_mask_end || m_block >= m_block_left_mask_begin;
+    } else {
+      return it < masked_iterations;
+    }
   }
 };
 

@@ -151,13 +151,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int n_blocks = ceil_div(p.seqlen_k, kBlockN);
   const sm80::BwdTileCoord coord = sm80::bwd_main_tile_coord(p, int(blockIdx.x), n_blocks, kHeadDim);
-  const int n_block = coord.block_order;
+  // The deterministic mode runs a head's key blocks last first, the order
+  // in which they add a query block's dQ (sm90/dq_turns.hpp).
+  const int n_block = kDeterministic ? n_blocks - 1 - coord.block_order : coord.block_order;
   const int head_k = coord.head % p.nheads_k;
   const SeqInfo seq(p, coord.head / p.nheads_k, std::bool_constant<kVarlen>{});
   if (kVarlen && n_block * kBlockN >= seq.seqlen_k_rows) return;  // past this sequence's keys
   const int kv_rows_valid = seq.seqlen_k - n_block * kBlockN;      // attended keys of the block
   const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, p.nheads / p.nheads_k);
+  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN, kDeterministic> query_block_of(mask, n_block, head_k,
+                                                                                     p.nheads / p.nheads_k);
   // Keys that no query attends (past seqused_k) have dK = dV = 0: the
   // consumers write their zero accumulators, nothing is loaded.
   const int iterations = kv_rows_valid > 0 ? query_block_of.iterations : 0;
@@ -306,7 +309,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
       warpgroup_fence_operand(acc_s);
 
-      if (it < query_block_of.masked_iterations) {
+      if (query_block_of.masked(it, m_block)) {
         // Each element's (key, query) as a constant offset from the
         // thread's first one.
         const auto first = tScS(0);
@@ -371,9 +374,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       warpgroup_fence_operand(acc_dq);
       const int64_t dq_offset = storage.block_dq_offset[stage];
       if constexpr (kDeterministic) {
-        // This key block's turn among those that see the query block.
+        // This key block's turn among those that see the query block, the
+        // last of them first.
         int* turn = params.dq_turns + dq_offset / (int64_t(kBwdDqTurnRows) * kHeadDim);
-        wait_for_dq_turn<kMmaThreads>(turn, n_block - mask.n_block_begin(m_block), mma_tid, Traits::kBarrierConsumers);
+        wait_for_dq_turn<kMmaThreads>(turn, mask.n_block_end(m_block) - 1 - n_block, mma_tid,
+                                      Traits::kBarrierConsumers);
         sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
         pass_dq_turn<kMmaThreads>(turn, mma_tid, Traits::kBarrierConsumers);
       } else {
