@@ -605,6 +605,30 @@ def test_sm90_deterministic_dq_in_turns(causal, window, seqused):
             assert_close_up_to_atomics(got, want, f"hdim{head_dim}/{name} {label}")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_deterministic_many_waves(causal):
+    """The deterministic warp-specialized backward on a grid of several
+    waves (32 key blocks × 32 heads against 132 SMs), where a key block may
+    wait on one that is not resident yet unless the grid starts the key
+    blocks it waits on first (sm90/dq_turns.hpp): it finishes (run it under a
+    time limit: a wrong order hangs), two runs give the same bits, and the
+    gradients equal the default mode's up to the order of fp32 sums."""
+    require_sm90_backward()
+    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
+    if not pairs:
+        pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
+    for head_dim, name in pairs:
+        q, k, v = rand_qkv(2, 4096, 4096, 16, 16, head_dim, DTYPES[name])
+        dout = torch.randn_like(q)
+        runs = []
+        for deterministic in (True, True, False):
+            out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+            runs.append(flash_grads(out, (q, k, v), dout))
+        for label, got, again, atomic in zip(("dq", "dk", "dv"), *runs):
+            assert torch.equal(got, again), f"hdim{head_dim}/{name} {label} differs between deterministic runs"
+            assert_close_up_to_atomics(got, atomic, f"hdim{head_dim}/{name} {label}")
+
+
 # --------------------------------------------------------------------------
 # the SM80 main kernel's split tail (include/flashtile/sm80/bwd_tail_split.hpp)
 # --------------------------------------------------------------------------
