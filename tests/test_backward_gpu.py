@@ -15,6 +15,8 @@ activation memory at long sequence lengths. Combinations whose backward is
 missing from this build's kernel table are skipped with a reason.
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -453,10 +455,14 @@ def test_deterministic_through_every_api(api):
     """Each public function's deterministic=True reaches the backward: its
     gradients equal, bit for bit, those of flashtile::bwd called directly with
     deterministic=True. The default mode's atomic adds sum dq in another order
-    (128-key partials, not 64-key blocks), so a dropped flag changes the bits."""
+    (the mma.sync path: 128-key partials, not 64-key blocks; the
+    warp-specialized one: the key blocks as they come, mostly the last first,
+    where the deterministic mode adds them first to last), so with five key
+    blocks a dropped flag changes the bits (two partials add the same either
+    way)."""
     head_dim, dtype = default_config()
-    qkv = torch.randn(2, 193, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(2, 193, 4, head_dim, device="cuda", dtype=dtype)
+    qkv = torch.randn(2, 577, 3, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(2, 577, 4, head_dim, device="cuda", dtype=dtype)
     q, k, v = qkv.detach().unbind(2)
     scale = head_dim ** -0.5
     out, lse, _ = torch.ops.flashtile.fwd(q, k, v, scale, True, True)
@@ -523,6 +529,11 @@ def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
         kernel = "flashtile::sm90::bwd_ws_kernel" if head_dim in SM90_BWD_WS_HEAD_DIMS else "flashtile::sm90::bwd_dkdv_kernel"
         assert any(kernel in n for n in names), (head_dim, names)
         assert not any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
+        if head_dim in SM90_BWD_WS_HEAD_DIMS:
+            # dQ comes from the warp-specialized kernel in both modes (in
+            # turns when deterministic), then its conversion; no dQ kernel.
+            assert not any("bwd_dq_kernel" in n for n in names), (head_dim, names)
+            assert any("bwd_convert_dq_kernel" in n for n in names), (head_dim, names)
     others = [combo for combo in BWD_BUILT if combo not in SM90_BWD_BUILT and combo in FWD_BUILT]
     if others:
         head_dim, name = others[0]
@@ -541,6 +552,81 @@ def test_sm90_backward_seqlens(seqlen_q, seqlen_k, causal, deterministic):
     for head_dim, name in SM90_BWD_BUILT:
         q, k, v = rand_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, DTYPES[name])
         run_and_check(q, k, v, causal, deterministic=deterministic)
+
+
+@pytest.mark.parametrize("seqused", [False, True], ids=["all-keys", "seqused_k"])
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (False, (300, 70))],
+                         ids=["full", "causal", "window"])
+def test_sm90_deterministic_dq_in_turns(causal, window, seqused):
+    """The warp-specialized backward's deterministic mode, where the key
+    blocks that see a query block add its dQ one after another
+    (sm90/dq_turns.hpp): a varlen batch of sequences of up to 9 key blocks
+    (one of a single query), GQA, a window, seqused_k. The first and last
+    sequences hold the same data at different places in the grid: their
+    gradients must be equal bit for bit (with the adds in arrival order they
+    differ), as must three runs; and the gradients equal the default mode's
+    up to the order of fp32 sums (which the other tests hold to the float64
+    reference)."""
+    require_sm90_backward()
+    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
+    if not pairs:
+        pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
+    seqlens_q, seqlens_k = [1030, 1, 389, 700, 1030], [1100, 5, 389, 640, 1100]
+    cu_q = torch.tensor([0, *itertools.accumulate(seqlens_q)], device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(seqlens_k)], device="cuda", dtype=torch.int32)
+    used_k = torch.tensor([1000, 5, 300, 640, 1000], device="cuda", dtype=torch.int32) if seqused else None
+    first_q, last_q = slice(0, seqlens_q[0]), slice(cu_q[-2].item(), cu_q[-1].item())
+    first_k, last_k = slice(0, seqlens_k[0]), slice(cu_k[-2].item(), cu_k[-1].item())
+    for head_dim, name in pairs:
+        dtype = DTYPES[name]
+        q = torch.randn(sum(seqlens_q), 8, head_dim, device="cuda", dtype=dtype)
+        k = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype)
+        v = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype)
+        dout = torch.randn_like(q)
+        for t, first, last in ((q, first_q, last_q), (k, first_k, last_k), (v, first_k, last_k), (dout, first_q, last_q)):
+            t[last] = t[first]
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+        def grads(deterministic):
+            out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                   causal=causal, window_size=window,
+                                                   deterministic=deterministic, seqused_k=used_k)
+            return flash_grads(out, (q, k, v), dout)
+
+        runs, names = cuda_kernel_names(lambda: [grads(True) for _ in range(3)])
+        assert any("flashtile::sm90::bwd_ws_kernel" in n for n in names), names
+        for run in runs[1:]:
+            for label, got, want in zip(("dq", "dk", "dv"), run, runs[0]):
+                assert torch.equal(got, want), f"hdim{head_dim}/{name} {label} differs between deterministic runs"
+        for label, g, (first, last) in zip(("dq", "dk", "dv"), runs[0],
+                                           ((first_q, last_q), (first_k, last_k), (first_k, last_k))):
+            assert torch.equal(g[first], g[last]), f"hdim{head_dim}/{name} {label}: same sequence, other bits"
+        for label, got, want in zip(("dq", "dk", "dv"), runs[0], grads(False)):
+            assert_close_up_to_atomics(got, want, f"hdim{head_dim}/{name} {label}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_deterministic_many_waves(causal):
+    """The deterministic warp-specialized backward on a grid of several
+    waves (32 key blocks × 32 heads against 132 SMs), where a key block may
+    wait on one that is not resident yet unless the grid starts the key
+    blocks it waits on first (sm90/dq_turns.hpp): it finishes (run it under a
+    time limit: a wrong order hangs), two runs give the same bits, and the
+    gradients equal the default mode's up to the order of fp32 sums."""
+    require_sm90_backward()
+    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
+    if not pairs:
+        pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
+    for head_dim, name in pairs:
+        q, k, v = rand_qkv(2, 4096, 4096, 16, 16, head_dim, DTYPES[name])
+        dout = torch.randn_like(q)
+        runs = []
+        for deterministic in (True, True, False):
+            out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+            runs.append(flash_grads(out, (q, k, v), dout))
+        for label, got, again, atomic in zip(("dq", "dk", "dv"), *runs):
+            assert torch.equal(got, again), f"hdim{head_dim}/{name} {label} differs between deterministic runs"
+            assert_close_up_to_atomics(got, atomic, f"hdim{head_dim}/{name} {label}")
 
 
 # --------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-// The backward's device workspace: the fp32 dQ accumulator, the fp32 dK/dV
-// accumulator of the main kernel's split tail (sm80/bwd_tail_split.hpp), and
-// rowsum(dO ∘ O) (batch, nheads, seqlen_q), or (nheads, total_q) when
-// varlen, as lse. The caller allocates bwd_workspace_bytes(params) bytes.
+// The backward's device workspace: the fp32 dQ accumulator, the
+// deterministic mode's dQ turn counters, the fp32 dK/dV accumulator of the
+// main kernel's split tail (sm80/bwd_tail_split.hpp), and rowsum(dO ∘ O)
+// (batch, nheads, seqlen_q), or (nheads, total_q) when varlen, as lse. The
+// caller allocates bwd_workspace_bytes(params) bytes.
 // The dQ accumulator is (batch, nheads, bwd_dq_accum_rows, head_dim), or
 // (nheads, bwd_dq_accum_rows, head_dim) when varlen, each query block of it
-// in the main kernel's register order (opaque outside the kernels);
-// deterministic mode has none, its dQ kernel writes dq directly. The tail
+// in the main kernel's register order (opaque outside the kernels). In the
+// deterministic mode the SM80 path's dQ kernel writes dq directly and leaves
+// it unused; the warp-specialized SM90 backward adds into it key block after
+// key block, each 64-row query block's turn counted in one int
+// (sm90/dq_turns.hpp). The tail
 // accumulator holds up to kBwdTailMaxTasks key blocks' dK and dV, only for
 // the backward that can split its tail (fixed-length, no mask, not
 // deterministic).
@@ -22,6 +26,8 @@ namespace flashtile {
 struct BwdWorkspace {
   float* dq_accum;
   size_t dq_accum_bytes;
+  int* dq_turns;  // one per kBwdDqTurnRows accumulator rows, deterministic mode only
+  size_t dq_turn_bytes;
   float* dkv_tail;  // bwd_dkv_tail_tasks slots of 2 · kBwdTailMaxBlockN · head_dim floats, or none
   size_t dkv_tail_bytes;
   float* dsum;
@@ -56,11 +62,26 @@ inline int64_t bwd_query_rows(const BwdParams& p) {
   return is_varlen(p) ? int64_t(p.total_q) : int64_t(p.batch) * p.seqlen_q;
 }
 
-inline size_t bwd_dq_accum_bytes(const BwdParams& p) {
-  if (p.deterministic) return 0;
+// The accumulator's rows over every (batch, head).
+inline int64_t bwd_dq_accum_total_rows(const BwdParams& p) {
   const int64_t heads_rows = is_varlen(p) ? int64_t(p.nheads) : int64_t(p.batch) * p.nheads;
-  const size_t bytes = size_t(heads_rows) * bwd_dq_accum_rows(p) * p.head_dim * sizeof(float);
-  return (bytes + 255) / 256 * 256;  // keeps dsum 256-byte aligned
+  return heads_rows * bwd_dq_accum_rows(p);
+}
+
+inline size_t bwd_dq_accum_bytes(const BwdParams& p) {
+  const size_t bytes = size_t(bwd_dq_accum_total_rows(p)) * p.head_dim * sizeof(float);
+  return (bytes + 255) / 256 * 256;  // keeps what follows 256-byte aligned
+}
+
+// The deterministic mode's turn counters: one per kBwdDqTurnRows rows of
+// the accumulator (the smallest query block that adds into it in turns).
+constexpr int kBwdDqTurnRows = 64;
+static_assert(kBwdDqAccumRowAlign % kBwdDqTurnRows == 0);
+
+inline size_t bwd_dq_turn_bytes(const BwdParams& p) {
+  if (!p.deterministic) return 0;
+  const size_t bytes = size_t(bwd_dq_accum_total_rows(p) / kBwdDqTurnRows) * sizeof(int);
+  return (bytes + 255) / 256 * 256;
 }
 
 // The split tail's key blocks (sm80/bwd_tail_split.hpp): at most this many
@@ -90,16 +111,24 @@ inline size_t bwd_dkv_tail_bytes(const BwdParams& p) {
 }
 
 inline size_t bwd_workspace_bytes(const BwdParams& p) {
-  return bwd_dq_accum_bytes(p) + bwd_dkv_tail_bytes(p) + size_t(bwd_query_rows(p)) * p.nheads * sizeof(float);
+  return bwd_dq_accum_bytes(p) + bwd_dq_turn_bytes(p) + bwd_dkv_tail_bytes(p) +
+         size_t(bwd_query_rows(p)) * p.nheads * sizeof(float);
 }
 
-// [dQ accumulator | tail accumulator | dsum]: the first two are contiguous,
-// so the rowsum kernel zeroes both in one range.
+// [dQ accumulator | dQ turns | tail accumulator | dsum]: the first three are
+// contiguous (the turns and the tail are never both there), so the rowsum
+// kernel zeroes what a launch uses in one range.
 inline BwdWorkspace bwd_workspace_layout(const BwdParams& p, void* workspace) {
   char* base = static_cast<char*>(workspace);
-  const size_t dq_bytes = bwd_dq_accum_bytes(p), tail_bytes = bwd_dkv_tail_bytes(p);
-  return {reinterpret_cast<float*>(base), dq_bytes, reinterpret_cast<float*>(base + dq_bytes), tail_bytes,
-          reinterpret_cast<float*>(base + dq_bytes + tail_bytes)};
+  const size_t dq_bytes = bwd_dq_accum_bytes(p), turn_bytes = bwd_dq_turn_bytes(p),
+               tail_bytes = bwd_dkv_tail_bytes(p);
+  return {reinterpret_cast<float*>(base),
+          dq_bytes,
+          reinterpret_cast<int*>(base + dq_bytes),
+          turn_bytes,
+          reinterpret_cast<float*>(base + dq_bytes + turn_bytes),
+          tail_bytes,
+          reinterpret_cast<float*>(base + dq_bytes + turn_bytes + tail_bytes)};
 }
 
 }  // namespace flashtile

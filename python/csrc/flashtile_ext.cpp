@@ -545,8 +545,8 @@ NB_MODULE(_C, m) {
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_k"), nb::arg("head_dim"), nb::arg("causal"),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("deterministic"),
         nb::arg("varlen_total_q") = -1,
-        "Bytes of device workspace the backward needs (fp32 dQ accumulator unless "
-        "deterministic, the split tail's dK/dV accumulator without a mask, and row sums); "
+        "Bytes of device workspace the backward needs (fp32 dQ accumulator, deterministic "
+        "mode's dQ turn counters, the split tail's dK/dV accumulator without a mask, and row sums); "
         "varlen_total_q >= 0: a variable-length batch of that many query rows (seqlen_q and "
         "seqlen_k its longest sequences').");
   m.def("kvcache", &kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"), nb::arg("lse"),

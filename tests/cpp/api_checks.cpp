@@ -269,7 +269,8 @@ int main() {
   expect(flashtile::fwd(bad, nullptr) == Status::kUnsupportedHeadDim, "fwd() checks before dispatch");
 
   // Workspace: dQ accumulator (fp32, query rows rounded up to 128, bytes to
-  // 256), the split tail's dK/dV slots (no mask only), then row sums.
+  // 256), the deterministic mode's turn counters or the split tail's dK/dV
+  // slots (no mask only), then row sums.
   const Bwd b = valid_bwd();
   const size_t rows = (size_t(b.seqlen_q) + 127) / 128 * 128;
   const size_t accum = size_t(b.batch) * rows * b.nheads * b.head_dim * sizeof(float);
@@ -293,7 +294,16 @@ int main() {
   expect(flashtile::bwd_workspace_bytes(windowed) == accum_rounded + row_sums, "a window: no tail slots");
   Bwd det = b;
   det.deterministic = true;
-  expect(flashtile::bwd_workspace_bytes(det) == row_sums, "deterministic: no dQ accumulator or tail slots, row sums only");
+  const size_t turns = size_t(b.batch) * b.nheads * rows / flashtile::kBwdDqTurnRows * sizeof(int);
+  const size_t turns_rounded = (turns + 255) / 256 * 256;
+  expect(flashtile::bwd_workspace_bytes(det) == accum_rounded + turns_rounded + row_sums,
+         "deterministic: dQ accumulator, a turn counter per 64 of its rows, no tail slots, row sums");
+  const flashtile::BwdWorkspace det_ws = flashtile::bwd_workspace_layout(det, fake_pointer(0x100000));
+  expect(reinterpret_cast<char*>(det_ws.dq_turns) == reinterpret_cast<char*>(det_ws.dq_accum) + accum_rounded &&
+             det_ws.dq_turn_bytes == turns_rounded,
+         "turn counters right after the dQ accumulator");
+  expect(reinterpret_cast<uintptr_t>(det_ws.dsum) % 256 == 0, "deterministic: row sums start 256-byte aligned");
+  expect(ws.dq_turn_bytes == 0, "no turn counters outside the deterministic mode");
 
   for (Status s : {Status::kSuccess, Status::kInvalidArgument, Status::kMisalignedPointer,
                    Status::kUnsupportedHeadDim, Status::kNotBuilt, Status::kCudaError, Status::kUnsupportedDevice}) {

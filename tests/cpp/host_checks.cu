@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "flashtile/common/mask.hpp"
 #include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
+#include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
@@ -457,7 +459,8 @@ template <flashtile::MaskKind kKind, int kM, int kN>
 void check_block_mask(const char* config) {
   using flashtile::MaskKind;
   bool visits_all = true, skips_only_visible = true, fwd_loops_mask = true, bwd_ranges_mask = true,
-       in_range = true, hides_is_rule = true, anchored_is_hides = true;
+       in_range = true, hides_is_rule = true, anchored_is_hides = true, dq_turns_in_order = true,
+       ascending_walk_agrees = true;
   std::vector<std::pair<int, int>> windows = {{-1, -1}};
   if (kKind == MaskKind::kCausal) windows = {{-1, 0}};
   // The last three would overflow int sums unless BlockMask caps them.
@@ -535,6 +538,35 @@ void check_block_mask(const char* config) {
             if (m >= mask_end && m < left_begin) bwd_ranges_mask &= !block_has_hidden(m, n);
           }
         }
+        // bwd_walk.hpp: the ascending walk (kAscending) takes the same (query
+        // head, query block) pairs as the default one, each masked alike,
+        // its query blocks in ascending order (a GQA group of 3 heads).
+        for (int n = 0; n < n_blocks; ++n) {
+          const flashtile::sm80::BwdQueryWalk<kKind, kM, kN> walk(mask, n, 1, 3);
+          const flashtile::sm80::BwdQueryWalk<kKind, kM, kN, true> ascending(mask, n, 1, 3);
+          std::set<std::tuple<int, int, bool>> pairs, ascending_pairs;
+          int last_m = -1;
+          for (int it = 0; it < walk.iterations; ++it) {
+            const auto hm = walk(it);
+            pairs.insert({cute::get<0>(hm), cute::get<1>(hm), walk.masked(it, cute::get<1>(hm))});
+            const auto ahm = ascending(it);
+            const int m = cute::get<1>(ahm);
+            ascending_pairs.insert({cute::get<0>(ahm), m, ascending.masked(it, m)});
+            ascending_walk_agrees &= m >= last_m;
+            last_m = m;
+          }
+          ascending_walk_agrees &= ascending.iterations == walk.iterations &&
+                                   int(pairs.size()) == walk.iterations && pairs == ascending_pairs;
+        }
+        // sm90/dq_turns.hpp: the key blocks whose walk takes query block m
+        // are exactly [n_block_begin(m), n_block_end(m)).
+        for (int m = 0; m < m_blocks; ++m) {
+          const int first = mask.n_block_begin(m), end = mask.n_block_end(m);
+          for (int n = 0; n < n_blocks; ++n) {
+            const int m_begin = mask.m_block_begin(n), m_end = std::max(m_begin, mask.m_block_end(n));
+            dq_turns_in_order &= (m >= m_begin && m < m_end) == (n >= first && n < end);
+          }
+        }
       }
     }
   }
@@ -545,6 +577,8 @@ void check_block_mask(const char* config) {
   expect(bwd_ranges_mask, config, "the backward's mask-free query blocks need no mask");
   expect(hides_is_rule, config, "hides(row, col) is the visibility rule");
   expect(anchored_is_hides, config, "anchored_at(row0, col0).hides(dr, dc) is hides(row0 + dr, col0 + dc)");
+  expect(ascending_walk_agrees, config, "the ascending walk takes the default walk's blocks, masked alike, in order");
+  expect(dq_turns_in_order, config, "the key blocks whose walk takes a query block are [n_block_begin, n_block_end)");
 }
 
 // bwd_tile_coord: every (block order, head) of a 1-D grid is owned by exactly

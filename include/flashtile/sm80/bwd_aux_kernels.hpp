@@ -35,8 +35,8 @@ constexpr int kDotRowsPerCta = kDotThreads / kDotThreadsPerRow<Element, kHeadDim
 // 16-byte vector of out and dout each (or none), so a warp reads whole contiguous rows;
 // a shuffle reduction sums them. Launch with kDotThreads threads per CTA and
 // kDotRowsPerCta rows per CTA. The same threads also zero the dQ
-// accumulator's zero_vectors 16-byte vectors (none in deterministic mode),
-// so its writes overlap these reads instead of costing a memset of its own.
+// accumulator's zero_vectors 16-byte vectors (and the deterministic
+// mode's dQ turn counters after it, where the launch asks), so its writes overlap these reads instead of costing a memset of its own.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kDotThreads)
     bwd_dot_do_o_kernel(const __grid_constant__ BwdParams params, float* dsum, float4* dq_accum,

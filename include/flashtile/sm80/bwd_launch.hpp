@@ -173,9 +173,9 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   const int split_tasks = tasks - tail.first_task;
   const dim3 dkdv_grid(unsigned(tail.grid_blocks(tasks)));
 
-  // ws.dq_accum_bytes is a multiple of 256 (0 in deterministic mode); the
-  // split tail's slots follow it, so one range zeroes both. The dQ kernel
-  // uses neither.
+  // ws.dq_accum_bytes is a multiple of 256; without the deterministic mode
+  // the split tail's slots follow it, so one range zeroes both. The dQ
+  // kernel uses neither.
   const size_t zero_bytes = dq_by_kernel ? 0 : ws.dq_accum_bytes + tail.slot_bytes<Traits::kBlockN, kHeadDim>(tasks);
   if (launch_bwd_rowsum<Element, kHeadDim>(params, ws, zero_bytes, stream) != cudaSuccess) return Status::kCudaError;
 

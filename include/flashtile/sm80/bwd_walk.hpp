@@ -11,6 +11,11 @@
 // d64, counted in the SASS). The warp-specialized kernel keeps one loop with
 // the mask behind a uniform branch: its two loop copies were register-
 // allocated apart and the unmasked one spilled (benchmarks/NOTES.md).
+// With kAscending (the warp-specialized kernel's deterministic mode,
+// sm90/dq_turns.hpp) the walk takes the query blocks in ascending order,
+// every head of the group at each, and masked(it, m_block) says which need
+// the mask: the higher a key block, the further on its first query block,
+// so it reaches every (head, query block) earlier than the key block below.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,9 +26,10 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
-template <MaskKind kMask, int kBlockM, int kBlockN>
+template <MaskKind kMask, int kBlockM, int kBlockN, bool kAscending = false>
 struct BwdQueryWalk {
   int first_head;               // the K/V head's first query head (GQA group)
+  int group;                    // query heads per K/V head
   int m_block_begin;            // the first query block that sees the keys
   int m_block_mask_end;         // one past the masked prefix
   int m_block_left_mask_begin;  // the masked suffix (local; else the end)
@@ -33,7 +39,9 @@ struct BwdQueryWalk {
   int masked_iterations;        // iterations [0, masked_iterations) need the mask
   int iterations;
 
-  CUTE_DEVICE BwdQueryWalk(BlockMask<kMask, kBlockM, kBlockN> const& mask, int n_block, int head_k, int group) {
+  CUTE_HOST_DEVICE BwdQueryWalk(BlockMask<kMask, kBlockM, kBlockN> const& mask, int n_block, int head_k,
+                                int group_)
+      : group(group_) {
     first_head = head_k * group;
     m_block_begin = mask.m_block_begin(n_block);
     const int m_block_end = max(m_block_begin, mask.m_block_end(n_block));
@@ -47,7 +55,10 @@ struct BwdQueryWalk {
   }
 
   // Iteration it -> (query head, query block).
-  CUTE_DEVICE auto operator()(int it) const {
+  CUTE_HOST_DEVICE auto operator()(int it) const {
+    if constexpr (kAscending) {
+      return make_tuple(first_head + it % group, m_block_begin + it / group);
+    }
     if (it < masked_iterations) {
       const int k = it % masked_per_head;
       int m_block = m_block_begin + k;
@@ -58,6 +69,16 @@ struct BwdQueryWalk {
     }
     const int j = it - masked_iterations;
     return make_tuple(first_head + j / unmasked_per_head, m_block_mask_end + j % unmasked_per_head);
+  }
+
+  // Whether iteration it, on query block m_block (operator()(it)'s), needs
+  // the mask.
+  CUTE_HOST_DEVICE bool masked(int it, int m_block) const {
+    if constexpr (kAscending) {
+      return m_block < m_block_mask_end || m_block >= m_block_left_mask_begin;
+    } else {
+      return it < masked_iterations;
+    }
   }
 };
 

@@ -1,14 +1,12 @@
 // Host entry point of the SM90 backward. Head dims 64 and 128 on tensors
 // TMA can describe (bwd_supports) run the warp-specialized kernel
-// (sm90/bwd_ws_kernel.hpp): rowsum, that kernel, dQ's conversion (or, in
-// the deterministic mode, the SM80 dQ kernel). Every other case runs the
-// SM80 launcher's sequence (sm80/bwd_launch.hpp) with the wgmma main kernel
-// of sm90/bwd_kernel.hpp. Plain attention only.
+// (sm90/bwd_ws_kernel.hpp): rowsum, that kernel, dQ's conversion (in the
+// deterministic mode too: its key blocks add dQ in turns). Every other
+// case runs the SM80 launcher's sequence (sm80/bwd_launch.hpp) with the
+// wgmma main kernel of sm90/bwd_kernel.hpp. Plain attention only.
 #pragma once
 
 #include <cuda_runtime_api.h>
-
-#include <algorithm>
 
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
@@ -39,49 +37,36 @@ constexpr bool kBwdWarpSpecialized = kHeadDim == 64 || kHeadDim == 128;
 template <int kHeadDim, class Element, MaskKind kMask>
 Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdWsTraits<kHeadDim, Element>;
-  using DqTraits = sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>;
   // The conversion kernel reads dq_accum back in the consumers' order.
   using ConvertTraits = BwdWsConvertTraits<Traits>;
-  const bool deterministic = params.deterministic;
-  const Status fits =
-      sm80::check_smem_per_block(deterministic ? std::max(Traits::kSmemBytes, DqTraits::kSmemDqBytes)
-                                               : Traits::kSmemBytes);
+  const Status fits = sm80::check_smem_per_block(Traits::kSmemBytes);
   if (fits != Status::kSuccess) return fits;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
-  const size_t zero_bytes = deterministic ? 0 : ws.dq_accum_bytes;
-  if (sm80::launch_bwd_rowsum<Element, kHeadDim>(params, ws, zero_bytes, stream) != cudaSuccess) {
+  // The accumulator and (deterministic mode) the turn counters after it.
+  if (sm80::launch_bwd_rowsum<Element, kHeadDim>(params, ws, ws.dq_accum_bytes + ws.dq_turn_bytes, stream) !=
+      cudaSuccess) {
     return Status::kCudaError;
   }
 
-  const bool varlen = is_varlen(params);
-  auto* kernel = deterministic ? (varlen ? &bwd_ws_kernel<Traits, kMask, false, true>
-                                         : &bwd_ws_kernel<Traits, kMask, false, false>)
-                               : (varlen ? &bwd_ws_kernel<Traits, kMask, true, true>
-                                         : &bwd_ws_kernel<Traits, kMask, true, false>);
+  const bool deterministic = params.deterministic, varlen = is_varlen(params);
+  auto* kernel = deterministic ? (varlen ? &bwd_ws_kernel<Traits, kMask, true, true>
+                                         : &bwd_ws_kernel<Traits, kMask, true, false>)
+                               : (varlen ? &bwd_ws_kernel<Traits, kMask, false, true>
+                                         : &bwd_ws_kernel<Traits, kMask, false, false>);
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
   }
   const BwdWsParams<Traits> kernel_params =
-      BwdWsParams<Traits>::make(params, deterministic ? nullptr : ws.dq_accum, ws.dsum);
+      BwdWsParams<Traits>::make(params, ws.dq_accum, deterministic ? ws.dq_turns : nullptr, ws.dsum);
   // One CTA per key block of one K/V head (bwd_schedule.hpp's order);
   // can_implement_bwd bounds the grid.
   const dim3 grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(kernel_params);
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
 
-  auto q_grid = [&](int block_m) {
-    return dim3(unsigned(ceil_div(params.seqlen_q, block_m) * params.nheads * params.batch));
-  };
-  if (!deterministic) {
-    sm80::bwd_convert_dq_kernel<ConvertTraits>
-        <<<q_grid(ConvertTraits::kBlockM), ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
-    return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
-  }
-  auto* dq_kernel = sm80::dq_kernel_for<DqTraits, kMask, false>(false);
-  return sm80::launch_with_smem<DqTraits::kSmemDqBytes>(dq_kernel, q_grid(DqTraits::kBlockM), DqTraits::kNThreads, stream, params,
-                                                         static_cast<const float*>(ws.dsum)) == cudaSuccess
-             ? Status::kSuccess
-             : Status::kCudaError;
+  const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, ConvertTraits::kBlockM) * params.nheads * params.batch));
+  sm80::bwd_convert_dq_kernel<ConvertTraits><<<convert_grid, ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
+  return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
 // Entry point a generated kernels/bwd_sm90_*.cu file instantiates and

@@ -14,9 +14,9 @@
 //                   from registers (red.global.add.v4.f32, bwd_tile.hpp's
 //                   register order) while dK's product runs; the stage freed
 //
-// then dK (scaled) and dV are written from the consumers' registers. Without
-// kAccumulateDq (the deterministic mode) nothing of dQ is computed here: the
-// dQ kernel sums it in a fixed order. Plain attention only.
+// then dK (scaled) and dV are written from the consumers' registers. With
+// kDeterministic the key blocks add a query block's dQ in key-block order
+// (sm90/dq_turns.hpp). Plain attention only.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -40,6 +40,7 @@
 #include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm90/bwd_ws_traits.hpp"
 #include "flashtile/sm90/column_values.hpp"
+#include "flashtile/sm90/dq_turns.hpp"
 #include "flashtile/sm90/gemm.hpp"
 
 namespace flashtile::sm90 {
@@ -70,13 +71,14 @@ struct BwdWsParams {
   typename BwdWsTma<Traits>::KV tma_k, tma_v;
   BwdShapeRows shape_q;  // (rows, kHeadDim, nheads, batch)
   BwdShapeRows shape_k;  // (rows, kHeadDim, nheads_k, batch)
-  float* dq_accum;       // nullptr without kAccumulateDq
+  float* dq_accum;
+  int* dq_turns;         // the deterministic mode's (workspace.hpp), else nullptr
   const float* dsum;
 
   // The descriptors for p's q, dout, k and v (bwd_supports(p): TMA can step
   // their strides). A mode of extent 1 is never stepped: it gets stride 8
   // elements, whatever the caller's (TMA refuses some, 0 among them).
-  static BwdWsParams make(BwdParams const& p, float* dq_accum, const float* dsum) {
+  static BwdWsParams make(BwdParams const& p, float* dq_accum, int* dq_turns, const float* dsum) {
     const bool varlen = is_varlen(p);
     const int32_t batch = varlen ? 1 : p.batch;
     const int32_t rows_q = varlen ? p.total_q : p.seqlen_q;
@@ -107,6 +109,7 @@ struct BwdWsParams {
             shape_q,
             shape_k,
             dq_accum,
+            dq_turns,
             dsum};
   }
 };
@@ -119,7 +122,7 @@ CUTE_DEVICE auto bwd_sequence_rows(Tensor_ const& m, int head, SeqInfo const& se
   return domain_offset(make_coord(0, _0{}), m(_, _, head, seq.batch));
 }
 
-template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kVarlen>
+template <class Traits, MaskKind kMask, bool kDeterministic, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_ws_kernel(const __grid_constant__ BwdWsParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -140,6 +143,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using TransactionBarrier = cutlass::arch::ClusterTransactionBarrier;
   using NamedBarrier = cutlass::arch::NamedBarrier;
   static_assert(kBwdDqAccumRowAlign % kBlockM == 0, "dQ accumulator rows are whole query blocks");
+  static_assert(kBlockM % kBwdDqTurnRows == 0, "a query block's dQ turn counter is its first rows'");
   // Named apart from the other kernels' `smem`, which asks less alignment.
   extern __shared__ __align__(1024) char bwd_ws_smem[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(bwd_ws_smem);
@@ -147,13 +151,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int n_blocks = ceil_div(p.seqlen_k, kBlockN);
   const sm80::BwdTileCoord coord = sm80::bwd_main_tile_coord(p, int(blockIdx.x), n_blocks, kHeadDim);
-  const int n_block = coord.block_order;
+  // The deterministic mode runs a head's key blocks last first, the order
+  // in which they add a query block's dQ (sm90/dq_turns.hpp).
+  const int n_block = kDeterministic ? n_blocks - 1 - coord.block_order : coord.block_order;
   const int head_k = coord.head % p.nheads_k;
   const SeqInfo seq(p, coord.head / p.nheads_k, std::bool_constant<kVarlen>{});
   if (kVarlen && n_block * kBlockN >= seq.seqlen_k_rows) return;  // past this sequence's keys
   const int kv_rows_valid = seq.seqlen_k - n_block * kBlockN;      // attended keys of the block
   const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, p.nheads / p.nheads_k);
+  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN, kDeterministic> query_block_of(mask, n_block, head_k,
+                                                                                     p.nheads / p.nheads_k);
   // Keys that no query attends (past seqused_k) have dK = dV = 0: the
   // consumers write their zero accumulators, nothing is loaded.
   const int iterations = kv_rows_valid > 0 ? query_block_of.iterations : 0;
@@ -211,9 +218,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int64_t row0 = seq.row_index(p, head) + int64_t(m_block) * kBlockM;
         if (lane == 0) {
           storage.block_m[stage] = m_block;
-          if constexpr (kAccumulateDq) {
-            storage.block_dq_offset[stage] = (bwd_dq_accum_row(p, seq, head) + int64_t(m_block) * kBlockM) * kHeadDim;
-          }
+          storage.block_dq_offset[stage] = (bwd_dq_accum_row(p, seq, head) + int64_t(m_block) * kBlockM) * kHeadDim;
         }
         // A row past the sequence, or one that saw no key in the forward
         // (LSE −inf), gets +inf: its P is exp2(−inf) = 0 and its dS 0
@@ -304,7 +309,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
       warpgroup_fence_operand(acc_s);
 
-      if (it < query_block_of.masked_iterations) {
+      if (query_block_of.masked(it, m_block)) {
         // Each element's (key, query) as a constant offset from the
         // thread's first one.
         const auto first = tScS(0);
@@ -344,34 +349,40 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       convert_fragment_into(acc_s, tdVrPt);
       convert_fragment_into(acc_dp, tdKrdSt);
 
-      if constexpr (kAccumulateDq) {
-        // dSᵀ into buffer it % 2: both warpgroups finished reading it in
-        // block it − 2's dQ before they met on block it − 1's.
-        Element* ds_buffer = storage.ds.data() + (it % 2) * cosize_v<typename Traits::SmemLayoutdSt>;
-        Tensor sdSt = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM)
-        Tensor sdS = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN)
-        // The same registers, in the accumulator's (key, query) order.
-        Tensor rdSt = make_tensor(tdKrdSt.data(), acc_dp.layout());
-        copy(copy_ds, thr_copy_ds.retile_S(rdSt), thr_copy_ds.partition_D(sdSt));
-        gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
-        fence_smem_for_wgmma();
-        NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both halves of dSᵀ staged
-        // dQ, then dK once dV has retired (Pᵀ's registers free); dQ is
-        // added while dK's product runs. From registers: 8 vector reductions
-        // a thread, measured 1-8 % faster than a tile staged in shared memory
-        // for a writer warp's bulk reduce-add (benchmarks/NOTES.md).
-        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);         // (MMA, MMA_M, MMA_K) descriptors
-        Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_N)
-        gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(acc_dv);
-        gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(acc_dq);
-        sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + storage.block_dq_offset[stage], acc_dq, mma_tid);
+      // dSᵀ into buffer it % 2: both warpgroups finished reading it in
+      // block it − 2's dQ before they met on block it − 1's.
+      Element* ds_buffer = storage.ds.data() + (it % 2) * cosize_v<typename Traits::SmemLayoutdSt>;
+      Tensor sdSt = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM)
+      Tensor sdS = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN)
+      // The same registers, in the accumulator's (key, query) order.
+      Tensor rdSt = make_tensor(tdKrdSt.data(), acc_dp.layout());
+      copy(copy_ds, thr_copy_ds.retile_S(rdSt), thr_copy_ds.partition_D(sdSt));
+      gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+      fence_smem_for_wgmma();
+      NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both halves of dSᵀ staged
+      // dQ, then dK once dV has retired (Pᵀ's registers free); dQ is
+      // added while dK's product runs. From registers: 8 vector reductions
+      // a thread, measured 1-8 % faster than a tile staged in shared memory
+      // for a writer warp's bulk reduce-add (benchmarks/NOTES.md).
+      Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);         // (MMA, MMA_M, MMA_K) descriptors
+      Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_N)
+      gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_dv);
+      gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_dq);
+      const int64_t dq_offset = storage.block_dq_offset[stage];
+      if constexpr (kDeterministic) {
+        // This key block's turn among those that see the query block, the
+        // last of them first.
+        int* turn = params.dq_turns + dq_offset / (int64_t(kBwdDqTurnRows) * kHeadDim);
+        wait_for_dq_turn<kMmaThreads>(turn, mask.n_block_end(m_block) - 1 - n_block, mma_tid,
+                                      Traits::kBarrierConsumers);
+        sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
+        pass_dq_turn<kMmaThreads>(turn, mma_tid, Traits::kBarrierConsumers);
       } else {
-        gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
-        gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+        sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
       }
       warpgroup_wait<0>();
       Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read

@@ -72,7 +72,8 @@ struct BwdWsTraits {
 
   // The named barrier, after CUTLASS's reserved ones (NamedBarrier adds
   // them), where both consumer warpgroups have staged their dSᵀ (also
-  // K, V's tail zeroed).
+  // K, V's tail zeroed; in the deterministic mode also before and after
+  // their dQ adds, sm90/dq_turns.hpp).
   static constexpr uint32_t kBarrierConsumers = 0;  // kMmaThreads
 
   using KeysPerWarpgroup = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
