@@ -18,11 +18,11 @@ HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = {"fp16": ("cutlass::half_t", "kFp16"), "bf16": ("cutlass::bfloat16_t", "kBf16")}
 ARCH = "sm80"  # the mma.sync path; runs on sm80 and newer
 # The wgmma backward (include/flashtile/sm90/), plain variant only:
-# bwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only. Head dims 64 and 128
-# run the warp-specialized TMA kernel (sm90/bwd_ws_kernel.hpp), 192 the
+# bwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only. Head dims 64, 128
+# and 256 run the warp-specialized TMA kernel (sm90/bwd_ws_kernel.hpp), 192 the
 # wgmma main kernel that beat the sm80 one on the H200 (benchmarks/NOTES.md,
 # "Backward on wgmma").
-SM90_BWD_HEAD_DIMS = (64, 128, 192)
+SM90_BWD_HEAD_DIMS = (64, 128, 192, 256)
 # The warp-specialized wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp),
 # plain variant: fwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only, for
 # the head dims whose kernels have passed the GPU suite and the fuzzer on the

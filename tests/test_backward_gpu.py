@@ -502,7 +502,7 @@ SM90_BWD_BUILT = sm90_built("bwd")
 # The head dims whose sm90 backward is the warp-specialized TMA kernel
 # (include/flashtile/sm90/bwd_ws_kernel.hpp); the others' is the wgmma main
 # kernel of sm90/bwd_kernel.hpp.
-SM90_BWD_WS_HEAD_DIMS = (64, 128)
+SM90_BWD_WS_HEAD_DIMS = (64, 128, 256)
 
 
 def require_sm90_backward():
@@ -540,6 +540,25 @@ def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
         q, k, v = rand_qkv(1, 200, 200, 2, 2, head_dim, DTYPES[name])
         names = backward_kernel_names(q, k, v, causal, deterministic)
         assert any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
+
+
+def test_sm90_backward_without_tma_runs_sm80():
+    """At the warp-specialized head dims a dout TMA cannot read (stride 0,
+    what out.sum() hands over) runs the SM80 kernels, which take any
+    strides, with correct gradients; a contiguous one the TMA kernel."""
+    require_sm90_backward()
+    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT
+             if hd in SM90_BWD_WS_HEAD_DIMS and (hd, name) in BWD_BUILT and (hd, name) in FWD_BUILT]
+    if not pairs:
+        pytest.skip(f"no warp-specialized backward with an SM80 one beside it (sm90: {SM90_BWD_BUILT})")
+    for head_dim, name in pairs:
+        q, k, v = rand_qkv(2, 150, 190, 4, 2, head_dim, DTYPES[name])
+        out = flashtile.flash_attn_func(q, k, v, causal=True)
+        dout = torch.randn(4, head_dim, device="cuda", dtype=q.dtype).expand(2, 150, 4, head_dim)
+        grads, names = cuda_kernel_names(lambda: flash_grads(out, (q, k, v), dout))
+        assert any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), (head_dim, names)
+        assert not any("flashtile::sm90::" in n for n in names), (head_dim, names)
+        check_grads(q, k, v, dout, out, grads, causal=True)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -192,7 +192,8 @@ inline Status not_found(bool built_for_larger_budget) {
 
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma path's where one is built (registry.hpp: plain, some head
-// dims) and sm90_dispatch_allowed, else the sm80 path's, with the tiles for
+// dims), sm90_dispatch_allowed and its kernels take params
+// (sm90/tma_support.hpp's bwd_takes), else the sm80 path's, with the tiles for
 // the GPU's shared memory (the largest built budget within
 // dispatch_smem_budget). Needs params.workspace of bwd_workspace_bytes(params)
 // bytes.
@@ -201,7 +202,7 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   if (ok != Status::kSuccess) return ok;
   const KernelRegistry& registry = KernelRegistry::instance();
   BwdLauncher launch = nullptr;
-  if (sm90_dispatch_allowed(registry)) {
+  if (sm90_dispatch_allowed(registry) && sm90::bwd_takes(p)) {
     launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
   if (!launch) {

@@ -1,12 +1,18 @@
-// Host entry point of the SM90 backward. Head dims 64 and 128 on tensors
-// TMA can describe (bwd_supports) run the warp-specialized kernel
-// (sm90/bwd_ws_kernel.hpp): rowsum, that kernel, dQ's conversion (in the
-// deterministic mode too: its key blocks add dQ in turns). Every other
-// case runs the SM80 launcher's sequence (sm80/bwd_launch.hpp) with the
+// Host entry point of the SM90 backward. Head dims 64, 128 and 256 run the
+// warp-specialized kernel (sm90/bwd_ws_kernel.hpp) on tensors TMA can
+// describe (bwd_supports; flashtile::bwd sends the others to the SM80
+// kernels, sm90/tma_support.hpp's bwd_takes): rowsum, that kernel, dQ's
+// conversion (in the deterministic mode too: its key blocks add dQ in
+// turns). d64 and d128 keep a key block's dK and dV in one warpgroup's
+// registers (sm90/bwd_ws_traits.hpp); d256 splits them by head dim and
+// stages P and dS in shared memory (sm90/bwd_ws_staged_traits.hpp). Other
+// head dims run the SM80 launcher's sequence (sm80/bwd_launch.hpp) with the
 // wgmma main kernel of sm90/bwd_kernel.hpp. Plain attention only.
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <type_traits>
 
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
@@ -14,6 +20,7 @@
 #include "flashtile/sm80/device.hpp"
 #include "flashtile/sm90/bwd_traits.hpp"
 #include "flashtile/sm90/bwd_ws_kernel.hpp"
+#include "flashtile/sm90/bwd_ws_staged_traits.hpp"
 #include "flashtile/sm90/bwd_ws_traits.hpp"
 #include "flashtile/sm90/device.hpp"
 #include "flashtile/sm90/tma_support.hpp"
@@ -28,15 +35,17 @@ struct BwdTraitsFor {
   using type = BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, kIsCausal>>;
 };
 
-// The head dims the warp-specialized kernel takes.
-template <int kHeadDim>
-constexpr bool kBwdWarpSpecialized = kHeadDim == 64 || kHeadDim == 128;
+// The warp-specialized kernel's tiles per head dim (bwd_warp_specialized,
+// sm90/tma_support.hpp, says which head dims it takes).
+template <int kHeadDim, class Element>
+using BwdWsTraitsFor =
+    std::conditional_t<(kHeadDim > 128), BwdWsStagedTraits<kHeadDim, Element>, BwdWsTraits<kHeadDim, Element>>;
 
 // The warp-specialized backward for mask kMask (what resolve_mask makes of
 // params' causal flag and window).
 template <int kHeadDim, class Element, MaskKind kMask>
 Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
-  using Traits = BwdWsTraits<kHeadDim, Element>;
+  using Traits = BwdWsTraitsFor<kHeadDim, Element>;
   // The conversion kernel reads dq_accum back in the consumers' order.
   using ConvertTraits = BwdWsConvertTraits<Traits>;
   const Status fits = sm80::check_smem_per_block(Traits::kSmemBytes);
@@ -72,27 +81,29 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
 // Entry point a generated kernels/bwd_sm90_*.cu file instantiates and
 // registers. Assumes can_implement_bwd(params) passed. Returns
 // kUnsupportedDevice, before any launch, on a GPU other than compute
-// capability 9.0, and kInvalidArgument for softcap, ALiBi or dropout.
+// capability 9.0, and kInvalidArgument for softcap, ALiBi or dropout and,
+// at the warp-specialized head dims, for strides TMA cannot step
+// (bwd_takes(params) false).
 template <int kHeadDim, class Element>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (!device_is_sm90()) return Status::kUnsupportedDevice;
   if (uses_score_mod(params)) return Status::kInvalidArgument;
-  if constexpr (kBwdWarpSpecialized<kHeadDim>) {
-    if (bwd_supports(params)) {
-      BwdParams p = params;  // with causal folded into the window
-      switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
-        case MaskKind::kNone:
-          return run_bwd_ws<kHeadDim, Element, MaskKind::kNone>(p, stream);
-        case MaskKind::kCausal:
-          return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal>(p, stream);
-        default:
-          return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal>(p, stream);
-      }
+  if constexpr (bwd_warp_specialized(kHeadDim)) {
+    if (!bwd_supports(params)) return Status::kInvalidArgument;
+    BwdParams p = params;  // with causal folded into the window
+    switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
+      case MaskKind::kNone:
+        return run_bwd_ws<kHeadDim, Element, MaskKind::kNone>(p, stream);
+      case MaskKind::kCausal:
+        return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal>(p, stream);
+      default:
+        return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal>(p, stream);
     }
+  } else {
+    return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
+                                  sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false>(params,
+                                                                                                         stream);
   }
-  return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
-                                sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false>(params,
-                                                                                                       stream);
 }
 
 }  // namespace flashtile::sm90

@@ -15,8 +15,11 @@
 //                   register order) while dK's product runs; the stage freed
 //
 // then dK (scaled) and dV are written from the consumers' registers. With
-// kDeterministic the key blocks add a query block's dQ in key-block order
-// (sm90/dq_turns.hpp). Plain attention only.
+// Traits::kStagedScores (d256, sm90/bwd_ws_staged_traits.hpp) the consumers
+// compute S and dP with the queries on wgmma's M, stage P and dS in shared
+// memory, meet, and issue dQ, dV and dK from there, adding dQ while dV's
+// and dK's products run. With kDeterministic the key blocks add a query
+// block's dQ in key-block order (sm90/dq_turns.hpp). Plain attention only.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -247,7 +250,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // ---- the consumers ----
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
     const int mma_tid = int(threadIdx.x) - 128;
-    const int lane = int(threadIdx.x) % 32;
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
@@ -255,16 +257,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
     auto thr_dq = mma_dq.get_thread_slice(mma_tid);
     Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});  // (kHeadDim, kBlockN)
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, MMA_M, MMA_K) descriptors
-    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);    // (MMA, MMA_M, MMA_K) descriptors
     Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);   // (MMA, MMA_N, MMA_K) descriptors
-    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeSt{}));  // (MMA, MMA_M, MMA_N) -> (key, query)
     Tensor acc_dk = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_M, MMA_N)
     Tensor acc_dv = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_M, MMA_N)
     clear(acc_dk);
     clear(acc_dv);
-    auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, mma_sdp);
-    auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
     const float scale_log2 = p.softmax_scale * float(M_LOG2E);
 
     if (iterations > 0) {
@@ -284,94 +281,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     }
 
-    auto process_query_block = [&](int it) {
-      const int stage = it % kStages;
-      Tensor sQ = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim)
-      Tensor sdO = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQ{});   // (kBlockM, kHeadDim)
-      Tensor sQt = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM)
-      Tensor sdOt = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQt{}); // (kHeadDim, kBlockM)
-      Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K) descriptors
-      Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);   // (MMA, MMA_N, MMA_K) descriptors
-      Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt); // (MMA, MMA_N, MMA_K) descriptors
-      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K) descriptors
-
-      TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
-      const int m_block = storage.block_m[stage];
-      Tensor acc_s = partition_fragment_C(mma_sdp, ShapeSt{});   // (MMA, MMA_M, MMA_N): Sᵀ
-      Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
-      gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
-      gemm_async<true>(mma_sdp, tdPrV, tdPrdO, acc_dp);
-      // The LSE of this thread's query columns read while the products run:
-      // read after them, shared memory's queue behind the products' operand
-      // reads stalled the exponentials (11 % of the warps' samples, ncu).
-      ColumnValues<kBlockM, Traits::kSplitColumnValues> lse_log2;  // of the thread's query columns
-      lse_log2.load(storage.lse_log2[stage], lane);
-      warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
-      warpgroup_fence_operand(acc_s);
-
-      if (query_block_of.masked(it, m_block)) {
-        // Each element's (key, query) as a constant offset from the
-        // thread's first one.
-        const auto first = tScS(0);
-        const auto anchored = mask.anchored_at(m_block * kBlockM + get<1>(first), n_block * kBlockN + get<0>(first));
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          if (anchored.hides(get<1>(tScS(i)) - get<1>(first), get<0>(tScS(i)) - get<0>(first))) acc_s(i) = -INFINITY;
-        }
-      }
-      // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e)
-      Tensor st = rowcol_view(acc_s);   // (keys, queries)
-      Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(st); ++ni) {
-        const float lse = lse_log2(ni);
-        CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse);
-      }
-      // D read while dPᵀ's product runs, into the LSE's registers.
-      ColumnValues<kBlockM, Traits::kSplitColumnValues> dsum;  // of the thread's query columns
-      dsum.load(storage.dsum[stage], lane);
-
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D)
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dp);
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(st); ++ni) {
-        const float d = dsum(ni);
-        CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - d);
-      }
-      // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K).
-      // Converted only now: at d64, Pᵀ's 16-bit copy beside Sᵀ, dPᵀ and D
-      // would not fit the registers.
-      Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
-      Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
-      convert_fragment_into(acc_s, tdVrPt);
-      convert_fragment_into(acc_dp, tdKrdSt);
-
-      // dSᵀ into buffer it % 2: both warpgroups finished reading it in
-      // block it − 2's dQ before they met on block it − 1's.
-      Element* ds_buffer = storage.ds.data() + (it % 2) * cosize_v<typename Traits::SmemLayoutdSt>;
-      Tensor sdSt = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM)
-      Tensor sdS = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN)
-      // The same registers, in the accumulator's (key, query) order.
-      Tensor rdSt = make_tensor(tdKrdSt.data(), acc_dp.layout());
-      copy(copy_ds, thr_copy_ds.retile_S(rdSt), thr_copy_ds.partition_D(sdSt));
-      gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
-      fence_smem_for_wgmma();
-      NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both halves of dSᵀ staged
-      // dQ, then dK once dV has retired (Pᵀ's registers free); dQ is
-      // added while dK's product runs. From registers: 8 vector reductions
-      // a thread, measured 1-8 % faster than a tile staged in shared memory
-      // for a writer warp's bulk reduce-add (benchmarks/NOTES.md).
-      Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);         // (MMA, MMA_M, MMA_K) descriptors
-      Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_N)
-      gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(acc_dv);
-      gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(acc_dq);
+    // A query block's dQ tile from registers into the fp32 accumulator.
+    auto add_dq = [&](auto const& acc_dq, int stage, int m_block) {
       const int64_t dq_offset = storage.block_dq_offset[stage];
       if constexpr (kDeterministic) {
         // This key block's turn among those that see the query block, the
@@ -384,10 +295,206 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       } else {
         sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
       }
-      warpgroup_wait<0>();
-      Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
     };
-    for (int it = 0; it < iterations; ++it) process_query_block(it);
+
+    if constexpr (!Traits::kStagedScores) {
+      const int lane = int(threadIdx.x) % 32;
+      Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, MMA_M, MMA_K) descriptors
+      Tensor tdPrV = thr_sdp.partition_fragment_A(sV);    // (MMA, MMA_M, MMA_K) descriptors
+      Tensor tScS = thr_sdp.partition_C(make_identity_tensor(ShapeSt{}));  // (MMA, MMA_M, MMA_N) -> (key, query)
+      auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, mma_sdp);
+      auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
+      auto process_query_block = [&](int it) {
+        const int stage = it % kStages;
+        Tensor sQ = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim)
+        Tensor sdO = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQ{});   // (kBlockM, kHeadDim)
+        Tensor sQt = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM)
+        Tensor sdOt = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQt{}); // (kHeadDim, kBlockM)
+        Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K) descriptors
+        Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);   // (MMA, MMA_N, MMA_K) descriptors
+        Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt); // (MMA, MMA_N, MMA_K) descriptors
+        Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K) descriptors
+
+        TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
+        const int m_block = storage.block_m[stage];
+        Tensor acc_s = partition_fragment_C(mma_sdp, ShapeSt{});   // (MMA, MMA_M, MMA_N): Sᵀ
+        Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
+        gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
+        gemm_async<true>(mma_sdp, tdPrV, tdPrdO, acc_dp);
+        // The LSE of this thread's query columns read while the products run:
+        // read after them, shared memory's queue behind the products' operand
+        // reads stalled the exponentials (11 % of the warps' samples, ncu).
+        ColumnValues<kBlockM, Traits::kSplitColumnValues> lse_log2;  // of the thread's query columns
+        lse_log2.load(storage.lse_log2[stage], lane);
+        warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
+        warpgroup_fence_operand(acc_s);
+
+        if (query_block_of.masked(it, m_block)) {
+          // Each element's (key, query) as a constant offset from the
+          // thread's first one.
+          const auto first = tScS(0);
+          const auto anchored = mask.anchored_at(m_block * kBlockM + get<1>(first), n_block * kBlockN + get<0>(first));
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_s); ++i) {
+            if (anchored.hides(get<1>(tScS(i)) - get<1>(first), get<0>(tScS(i)) - get<0>(first))) acc_s(i) = -INFINITY;
+          }
+        }
+        // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e)
+        Tensor st = rowcol_view(acc_s);   // (keys, queries)
+        Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(st); ++ni) {
+          const float lse = lse_log2(ni);
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse);
+        }
+        // D read while dPᵀ's product runs, into the LSE's registers.
+        ColumnValues<kBlockM, Traits::kSplitColumnValues> dsum;  // of the thread's query columns
+        dsum.load(storage.dsum[stage], lane);
+
+        // dSᵀ = Pᵀ ∘ (dPᵀ − D)
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_dp);
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(st); ++ni) {
+          const float d = dsum(ni);
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - d);
+        }
+        // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K).
+        // Converted only now: at d64, Pᵀ's 16-bit copy beside Sᵀ, dPᵀ and D
+        // would not fit the registers.
+        Tensor tdVrPt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_s.layout()));
+        Tensor tdKrdSt = make_tensor<Element>(acc_to_rs_operand_a_layout(acc_dp.layout()));
+        convert_fragment_into(acc_s, tdVrPt);
+        convert_fragment_into(acc_dp, tdKrdSt);
+
+        // dSᵀ into buffer it % 2: both warpgroups finished reading it in
+        // block it − 2's dQ before they met on block it − 1's.
+        Element* ds_buffer = storage.ds.data() + (it % 2) * cosize_v<typename Traits::SmemLayoutdSt>;
+        Tensor sdSt = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdSt{});  // (kBlockN, kBlockM)
+        Tensor sdS = make_tensor(make_smem_ptr(ds_buffer), typename Traits::SmemLayoutdS{});    // (kBlockM, kBlockN)
+        // The same registers, in the accumulator's (key, query) order.
+        Tensor rdSt = make_tensor(tdKrdSt.data(), acc_dp.layout());
+        copy(copy_ds, thr_copy_ds.retile_S(rdSt), thr_copy_ds.partition_D(sdSt));
+        gemm_rs_async(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+        fence_smem_for_wgmma();
+        NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both halves of dSᵀ staged
+        // dQ, then dK once dV has retired (Pᵀ's registers free); dQ is
+        // added while dK's product runs. From registers: 8 vector reductions
+        // a thread, measured 1-8 % faster than a tile staged in shared memory
+        // for a writer warp's bulk reduce-add (benchmarks/NOTES.md).
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);         // (MMA, MMA_M, MMA_K) descriptors
+        Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_N)
+        gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(acc_dv);
+        gemm_rs_async(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(acc_dq);
+        add_dq(acc_dq, stage, m_block);
+        warpgroup_wait<0>();
+        Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
+      };
+      for (int it = 0; it < iterations; ++it) process_query_block(it);
+    } else {
+      // P and dS staged in shared memory (sm90/bwd_ws_staged_traits.hpp).
+      using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
+      using SmemLayoutPdS = typename Traits::SmemLayoutPdS;
+      using SmemLayoutPdSt = typename Traits::SmemLayoutPdSt;
+      Tensor tSrK = thr_sdp.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K) descriptors
+      Tensor tdPrV = thr_sdp.partition_fragment_B(sV);  // (MMA, MMA_N, MMA_K) descriptors
+      Tensor cS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(ShapeS{})));  // (rows, cols) -> (query, key)
+      auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
+      auto thr_copy_pds = copy_pds.get_thread_slice(mma_tid);
+      auto process_query_block = [&](int it) {
+        const int stage = it % kStages;
+        Tensor sQ = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQ{});       // (kBlockM, kHeadDim)
+        Tensor sdO = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQ{});   // (kBlockM, kHeadDim)
+        Tensor sQt = stage_of(storage.q.data(), stage, typename Traits::SmemLayoutQt{});     // (kHeadDim, kBlockM)
+        Tensor sdOt = stage_of(storage.dout.data(), stage, typename Traits::SmemLayoutQt{}); // (kHeadDim, kBlockM)
+        // P and dS into buffers it % 2: both warpgroups finished reading them
+        // in block it − 2's products before they met on block it − 1's.
+        Element* p_buffer = storage.p.data() + (it % 2) * cosize_v<SmemLayoutPdS>;
+        Element* ds_buffer = storage.ds.data() + (it % 2) * cosize_v<SmemLayoutPdS>;
+        Tensor sP = make_tensor(make_smem_ptr(p_buffer), SmemLayoutPdS{});      // (kBlockM, kBlockN)
+        Tensor sPt = make_tensor(make_smem_ptr(p_buffer), SmemLayoutPdSt{});    // (kBlockN, kBlockM)
+        Tensor sdS = make_tensor(make_smem_ptr(ds_buffer), SmemLayoutPdS{});    // (kBlockM, kBlockN)
+        Tensor sdSt = make_tensor(make_smem_ptr(ds_buffer), SmemLayoutPdSt{});  // (kBlockN, kBlockM)
+        Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);       // (MMA, MMA_M, MMA_K) descriptors
+        Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);    // (MMA, MMA_M, MMA_K) descriptors
+        Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);    // (MMA, MMA_M, MMA_K) descriptors
+        Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K) descriptors
+        Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);  // (MMA, MMA_M, MMA_K) descriptors
+        Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_N, MMA_K) descriptors
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (MMA, MMA_M, MMA_K) descriptors
+
+        TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
+        const int m_block = storage.block_m[stage];
+        Tensor acc_s = partition_fragment_C(mma_sdp, ShapeS{});   // (MMA, MMA_M, MMA_N): S
+        Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeS{});  // (MMA, MMA_M, MMA_N): dP
+        gemm_async<true>(mma_sdp, tSrQ, tSrK, acc_s);
+        gemm_async<true>(mma_sdp, tdPrdO, tdPrV, acc_dp);
+        Tensor s = rowcol_view(acc_s);    // (queries, keys)
+        Tensor dp = rowcol_view(acc_dp);  // (queries, keys)
+        constexpr int kRows = decltype(size<0>(s))::value;
+        float lse_log2[kRows];  // of the thread's query rows
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) lse_log2[mi] = storage.lse_log2[stage][get<0>(cS(mi, 0))];
+        warpgroup_wait<1>();  // S; dP's product runs under the exponentials
+        warpgroup_fence_operand(acc_s);
+
+        if (query_block_of.masked(it, m_block)) {
+          const auto first = cS(0, 0);
+          const auto anchored = mask.anchored_at(m_block * kBlockM + get<0>(first), n_block * kBlockN + get<1>(first));
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(s); ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(s); ++ni) {
+              if (anchored.hides(get<0>(cS(mi, ni)) - get<0>(first), get<1>(cS(mi, ni)) - get<1>(first))) {
+                s(mi, ni) = -INFINITY;
+              }
+            }
+          }
+        }
+        // P = exp2(S · scale · log2 e − LSE · log2 e)
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(s); ++mi) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(s); ++ni) s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - lse_log2[mi]);
+        }
+        Tensor tPrP = make_tensor_like<Element>(acc_s);
+        convert_fragment_into(acc_s, tPrP);
+        copy(copy_pds, thr_copy_pds.retile_S(tPrP), thr_copy_pds.partition_D(sP));
+
+        // dS = P ∘ (dP − D)
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_dp);
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(dp); ++mi) {
+          const float d = storage.dsum[stage][get<0>(cS(mi, 0))];
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(dp); ++ni) dp(mi, ni) = s(mi, ni) * (dp(mi, ni) - d);
+        }
+        Tensor tdSrdS = make_tensor_like<Element>(acc_dp);
+        convert_fragment_into(acc_dp, tdSrdS);
+        copy(copy_pds, thr_copy_pds.retile_S(tdSrdS), thr_copy_pds.partition_D(sdS));
+        fence_smem_for_wgmma();
+        NamedBarrier::sync(kMmaThreads, Traits::kBarrierConsumers);  // both key halves of P and dS staged
+
+        // dQ first, so that its adds run while dV's and dK's products do.
+        Tensor acc_dq = partition_fragment_C(mma_dq, ShapeQ{});  // (MMA, MMA_M, MMA_N)
+        gemm_async<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+        gemm_async<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+        gemm_async<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+        warpgroup_wait<2>();
+        warpgroup_fence_operand(acc_dq);
+        add_dq(acc_dq, stage, m_block);
+        warpgroup_wait<0>();
+        Barrier::arrive(&storage.barrier_empty[stage]);  // Q, dO, LSE, D read
+      };
+      for (int it = 0; it < iterations; ++it) process_query_block(it);
+    }
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dv);
 

@@ -39,6 +39,7 @@ template <int kHeadDim_, class Element_>
 struct BwdWsTraits {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
+  static constexpr bool kStagedScores = false;  // Pᵀ, dSᵀ stay in registers (the kernel's branch)
   static constexpr int kHeadDim = kHeadDim_;
   // Query rows per step. At d64, 128: Sᵀ, dPᵀ and dQ are then n128 wgmmas
   // (6 KB of shared memory read per 262 kFLOP; n64 reads 4 KB per 131 kFLOP,

@@ -4,8 +4,8 @@
 // stride it steps to be a positive multiple of 16 bytes below 2^40 bytes; a mode of
 // extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
-// batch) and larger strides run kernels without TMA: the SM80 forward, the
-// backward of sm90/bwd_kernel.hpp.
+// batch) and larger strides run kernels without TMA: the SM80 forward and
+// backward, or d192's wgmma backward (sm90/bwd_kernel.hpp).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,17 @@ inline bool bwd_supports(const BwdParams& p) {
   return !uses_score_mod(p) && tma_qkv_ok(p) &&
          tma_tensor_ok(p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, varlen ? p.total_q : p.seqlen_q,
                        p.nheads, varlen ? 1 : p.batch);
+}
+
+// The head dims whose sm90 backward is the warp-specialized kernel alone.
+constexpr bool bwd_warp_specialized(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
+// The sm90 backward built for p's head dim takes p: plain attention, and at
+// the warp-specialized head dims tensors TMA can step (d192's wgmma kernel,
+// sm90/bwd_kernel.hpp, loads with cp.async). Otherwise flashtile::bwd runs
+// the SM80 kernels, which take any strides.
+inline bool bwd_takes(const BwdParams& p) {
+  return !uses_score_mod(p) && (!bwd_warp_specialized(p.head_dim) || bwd_supports(p));
 }
 
 }  // namespace flashtile::sm90
