@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashtile
 from flashtile import _C, _checks, _ops
@@ -609,6 +611,32 @@ def test_autograd_context_passes_options_to_bwd(monkeypatch, deterministic, wind
     assert seen == [(deterministic, *(window or (-1, -1)), 0.0, None, None, None, None, 0, 0, 0.0, None)]
     assert len(grads) >= 8 and all(g is None for g in grads[3:])
     assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
+
+
+def test_the_dispatcher_is_skipped_only_for_plain_eager_tensors():
+    """_ops.forward_op calls the kernels directly only where nothing would
+    see the op: not for tensor subclasses (FakeTensor) nor under a dispatch
+    or torch-function mode."""
+    plain = torch.zeros(2)
+    assert not _ops._needs_dispatcher((plain, None))
+    with FakeTensorMode():
+        fake = torch.zeros(2)
+    assert _ops._needs_dispatcher((plain, fake))
+
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watching():
+        assert _ops._needs_dispatcher((plain,))
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Functions():
+        assert _ops._needs_dispatcher((plain,))
+    assert not _ops._needs_dispatcher((plain,))
 
 
 def test_only_the_forward_op_has_an_autograd_kernel():

@@ -24,6 +24,15 @@ do the same in fewer lines, but its wrappers (an aliasing check on every
 call, filling in defaults, a redispatch) cost about 60 µs of host time per
 forward + backward on the CPU (benchmarks/NOTES.md, "The ops' registration").
 
+The public functions call :func:`forward_op`, which in plain eager mode
+(plain CUDA tensors, no torch.compile tracing, no dispatch or torch-function
+mode, no functorch transform) calls the same autograd logic and CUDA kernels
+directly (:class:`EagerFlashAttentionFunction`), without the dispatcher's
+layers around Python kernels (27 µs a forward and 43 µs a backward of host
+time on the H200's host); anywhere else it calls the ops. The extension
+gets DLPack capsules from ``torch.utils.dlpack.to_dlpack``, not tensors
+(whose ``__dlpack__`` nanobind would call, in Python).
+
 Arguments are assumed validated (``_checks``); the ops themselves check only
 what tracing cannot see, the device's compute capability, and copy a tensor
 the kernels cannot read in place (a last dim that is not contiguous, a start
@@ -40,6 +49,7 @@ from typing import Optional
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.utils.dlpack import to_dlpack
 
 try:
     from . import _C
@@ -189,10 +199,10 @@ def run_fwd(q, k, v, out, lse, attn_probs, softmax_scale, causal, window_left=-1
     uneven = causal or window_left >= 0 or window_right >= 0 or cu_seqlens_q is not None
     tile_counter = torch.empty(1, dtype=torch.int32, device=q.device) if uneven else None
     with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        _C.fwd(q, k, v, out, lse, float(softmax_scale), bool(causal), stream, int(window_left),
-               int(window_right), float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), dropout_seed, attn_probs, tile_counter)
+        stream = _current_stream(q.device)
+        _C.fwd(*_arrays(q, k, v, out, lse), float(softmax_scale), bool(causal), stream, int(window_left),
+               int(window_right), float(softcap), *_arrays(alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k),
+               int(max_seqlen_q), int(max_seqlen_k), float(dropout_p), *_arrays(dropout_seed, attn_probs, tile_counter))
 
 
 def run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
@@ -217,10 +227,10 @@ def run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_
         splits, workspace_bytes = _C.kvcache_plan(batch, seqlen_q, nheads, k_cache.shape[2], head_dim, capacity,
                                                   int(num_splits))
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes else None
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        _C.kvcache(q, k_cache, v_cache, out, lse, workspace, float(softmax_scale), bool(causal), stream,
-                   int(window_left), int(window_right), float(softcap), alibi_slopes, cache_seqlens, cache_leftpad,
-                   cache_batch_idx, block_table, splits)
+        stream = _current_stream(q.device)
+        _C.kvcache(*_arrays(q, k_cache, v_cache, out, lse, workspace), float(softmax_scale), bool(causal), stream,
+                   int(window_left), int(window_right), float(softcap),
+                   *_arrays(alibi_slopes, cache_seqlens, cache_leftpad, cache_batch_idx, block_table), splits)
     return out, lse
 
 
@@ -239,6 +249,28 @@ def vector_friendly(t: torch.Tensor) -> bool:
         and all(s % 8 == 0 for s in t.stride()[:-1])
         and t.data_ptr() % 16 == 0
     )
+
+
+# torch's current stream on a device, as the integer handle the extension
+# launches on. The raw query (what torch.compile's generated code calls) takes
+# 0.08 µs on the H200's host, torch.cuda.current_stream(...).cuda_stream 2.8 µs
+# (it builds a Stream object); the public one where this torch lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device: torch.device) -> int:
+    if _raw_stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _arrays(*tensors):
+    """The tensors as DLPack capsules for the extension (None stays None).
+    torch.utils.dlpack.to_dlpack is C: 0.2 µs a tensor on the H200's host,
+    against 2.4 µs for Tensor.__dlpack__ (Python), which nanobind would call
+    on a tensor: 16 tensors a forward + backward (benchmarks/NOTES.md, "Host
+    time per call")."""
+    return tuple(None if t is None else to_dlpack(t) for t in tensors)
 
 
 def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
@@ -304,11 +336,11 @@ def run_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, determin
                                                  nheads, k.shape[1], head_dim, *options, varlen_total_q=total_q)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
     with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        _C.bwd(dout, q, k, v, out, lse, dq, dk, dv, workspace, float(softmax_scale), bool(causal),
+        stream = _current_stream(q.device)
+        _C.bwd(*_arrays(dout, q, k, v, out, lse, dq, dk, dv, workspace), float(softmax_scale), bool(causal),
                bool(deterministic), stream, int(window_left), int(window_right), float(softcap),
-               alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
-               float(dropout_p), dropout_seed)
+               *_arrays(alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k), int(max_seqlen_q),
+               int(max_seqlen_k), float(dropout_p), *_arrays(dropout_seed))
 
 
 def _empty_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -330,43 +362,56 @@ fwd = torch.ops.flashtile.fwd.default
 bwd = torch.ops.flashtile.bwd.default
 
 
+def _forward_saving(ctx, forward, q, k, v, softmax_scale, causal, deterministic=False, window_left=-1,
+                    window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                    seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None,
+                    return_attn_probs=False):
+    """An autograd.Function's forward: forward (the op or its CUDA kernel)
+    and what the backward needs, in ctx."""
+    out, lse, attn_probs = forward(q, k, v, softmax_scale, causal, deterministic, window_left, window_right,
+                                   softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                   max_seqlen_k, dropout_p, dropout_seed, return_attn_probs)
+    ctx.mark_non_differentiable(lse, attn_probs)
+    # lse and attn_probs have no gradient: let the engine pass None for
+    # them instead of filling zeros (two allocations and two fills of
+    # host time per backward). out always gets one (it is the node's
+    # only differentiable output).
+    ctx.set_materialize_grads(False)
+    # Only these: the backward recomputes P from q, k and the row
+    # logsumexp, and dropout's mask from the seed (the ALiBi slopes and
+    # the varlen offsets are inputs, not results, and get no gradient).
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed)
+    ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+    ctx.dropout_p = dropout_p
+    return out, lse, attn_probs
+
+
+def _gradients(ctx, grad_out, backward):
+    """An autograd.Function's backward: backward (the op or its CUDA kernel)
+    on what _forward_saving kept."""
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed = ctx.saved_tensors
+    dq, dk, dv = backward(grad_out, q, k, v, out, lse, *ctx.options, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                          seqused_k, *ctx.max_seqlens, ctx.dropout_p, dropout_seed)
+    # No gradient for the options, alibi_slopes (as flash_attn), the
+    # offsets or the seed; Nones past the inputs the call passed are
+    # allowed.
+    return (dq, dk, dv) + (None,) * 15
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """flashtile::fwd's autograd kernel: the forward op below autograd, and
     flashtile::bwd for the gradients of q, k and v."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
-                softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-                max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None, return_attn_probs=False):
+    def forward(ctx, *args):
         with torch._C._AutoDispatchBelowAutograd():  # on to the CUDA (or fake) kernel
-            out, lse, attn_probs = fwd(q, k, v, softmax_scale, causal, deterministic, window_left, window_right,
-                                       softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                       max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed, return_attn_probs)
-        ctx.mark_non_differentiable(lse, attn_probs)
-        # lse and attn_probs have no gradient: let the engine pass None for
-        # them instead of filling zeros (two allocations and two fills of
-        # host time per backward). out always gets one (it is the node's
-        # only differentiable output).
-        ctx.set_materialize_grads(False)
-        # Only these: the backward recomputes P from q, k and the row
-        # logsumexp, and dropout's mask from the seed (the ALiBi slopes and
-        # the varlen offsets are inputs, not results, and get no gradient).
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed)
-        ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
-        ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-        ctx.dropout_p = dropout_p
-        return out, lse, attn_probs
+            return _forward_saving(ctx, fwd, *args)
 
     @staticmethod
     @once_differentiable  # flashtile::bwd has no derivative of its own: a double backward raises
     def backward(ctx, grad_out, grad_lse, grad_attn_probs):
-        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, dropout_seed = ctx.saved_tensors
-        dq, dk, dv = bwd(grad_out, q, k, v, out, lse, *ctx.options, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                         seqused_k, *ctx.max_seqlens, ctx.dropout_p, dropout_seed)
-        # No gradient for the options, alibi_slopes (as flash_attn), the
-        # offsets or the seed; Nones past the inputs the call passed are
-        # allowed.
-        return (dq, dk, dv) + (None,) * 15
+        return _gradients(ctx, grad_out, bwd)
 
 
 def _fwd_autograd(*args):
@@ -379,6 +424,56 @@ def _fwd_autograd(*args):
         return FlashAttentionFunction.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return fwd(*args)
+
+
+# Plain eager calls skip the dispatcher: its layers around a Python kernel
+# cost 27 µs of host time a forward and 43 µs a backward on the H200's host
+# (benchmarks/NOTES.md, "Host time per call"). Whatever has to see the ops
+# gets them: torch.compile's tracing, a dispatch or torch-function mode
+# (FakeTensorMode, FlopCounterMode, ...), functorch transforms, jit tracing,
+# tensor subclasses. Where this torch lacks a query, every call dispatches.
+_DISPATCH_QUERIES = tuple(getattr(torch._C, name, None) for name in (
+    "_len_torch_dispatch_stack", "_is_torch_function_mode_enabled", "_are_functorch_transforms_active",
+    "_is_tracing"))
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
+def _needs_dispatcher(tensors) -> bool:
+    """True unless torch's eager CUDA kernel is all the op would reach for
+    these tensors (None entries allowed)."""
+    if _is_compiling is None or None in _DISPATCH_QUERIES:
+        return True
+    dispatch_modes, function_modes, functorch, jit_tracing = _DISPATCH_QUERIES
+    return bool(_is_compiling() or dispatch_modes() or function_modes() or functorch() or jit_tracing()
+                or any(t is not None and type(t) is not torch.Tensor for t in tensors))
+
+
+class EagerFlashAttentionFunction(torch.autograd.Function):
+    """FlashAttentionFunction for plain eager calls: the CUDA kernels called
+    directly (forward_op's test), and in the backward unless a mode has
+    been entered since."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        return _forward_saving(ctx, _fwd_cuda, *args)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_lse, grad_attn_probs):
+        return _gradients(ctx, grad_out, bwd if _needs_dispatcher((grad_out,)) else _bwd_cuda)
+
+
+def forward_op(q, k, v, *options):
+    """flashtile::fwd as the public functions call it (the schema's
+    arguments, positional): through the dispatcher where anything needs to
+    see the op (_needs_dispatcher), else its autograd and CUDA kernels
+    called directly, with the same results."""
+    tensors = (q, k, v, *(o for o in options if isinstance(o, torch.Tensor)))
+    if _needs_dispatcher(tensors):
+        return fwd(q, k, v, *options)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return EagerFlashAttentionFunction.apply(q, k, v, *options)
+    return _fwd_cuda(q, k, v, *options)
 
 
 _LIB.impl("fwd", _fwd_autograd, "Autograd")

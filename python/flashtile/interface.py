@@ -75,7 +75,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks
-from ._ops import BUILT_KERNELS, fwd as _fwd_op
+from ._ops import BUILT_KERNELS, forward_op as _fwd_op
 from .kvcache import paged_varlen_attention
 
 __all__ = [
