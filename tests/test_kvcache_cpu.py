@@ -1,9 +1,10 @@
-"""CPU tests of flashtile.flash_attn_with_kvcache's own work: appending the
-new keys into a dense or paged cache in place, rotary embedding at the
-cache positions, cache_batch_idx and cache_leftpad, and what it hands the
-kernels. A per-sequence reference attention (float32) stands in for the
-KV-cache kernels (_ops.run_kvcache); the expected outputs are built independently, one
-sequence at a time, from a copy of the cache updated by hand.
+"""CPU tests of flashtile.flash_attn_with_kvcache's own work: the arguments
+the kernels get for appends into a dense or paged cache, rotary embedding at
+the cache positions, cache_batch_idx and cache_leftpad. Tensor-op references
+stand in for the append kernel (_ops.run_kvcache_append) and, per sequence in
+float32, for the KV-cache kernels (_ops.run_kvcache); the expected outputs
+are built independently, one sequence at a time, from a copy of the cache
+updated by hand.
 test_kvcache_gpu.py runs it on the kernels.
 """
 
@@ -41,11 +42,42 @@ def reference_run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_lef
     return torch.stack(outs), torch.stack(lses)
 
 
+def reference_run_kvcache_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                                 rotary_sin, rotary_interleaved, q_rows_share_position):
+    """_ops.run_kvcache_append's contract with tensor ops: k (rotated at
+    positions cache_seqlens[b] + i) and v written into the cache in place,
+    q rotated at the same positions or, with q_rows_share_position, every
+    row at cache_seqlens[b]."""
+    if rotary_cos is not None:
+        if q_rows_share_position:
+            batch, seqlen_q, nheads, head_dim = q.shape
+            q = apply_rotary_emb(q.reshape(batch, 1, seqlen_q * nheads, head_dim), rotary_cos, rotary_sin,
+                                 rotary_interleaved, seqlen_offsets=cache_seqlens).reshape(q.shape)
+        else:
+            q = apply_rotary_emb(q, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=cache_seqlens)
+    if k is None:
+        return q, cache_seqlens
+    if rotary_cos is not None:
+        k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=cache_seqlens)
+    batch, seqlen_new = k.shape[:2]
+    positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new)  # (batch, seqlen_new)
+    if block_table is not None:
+        entries = block_table.long().gather(1, positions // k_cache.shape[1])
+        rows = positions % k_cache.shape[1]
+    else:
+        entries = (torch.arange(batch) if cache_batch_idx is None else cache_batch_idx.long())[:, None]
+        rows = positions
+    k_cache[entries.expand(batch, seqlen_new), rows] = k
+    v_cache[entries.expand(batch, seqlen_new), rows] = v
+    return q, cache_seqlens + seqlen_new
+
+
 @pytest.fixture(autouse=True)
 def reference_kernels(monkeypatch):
     """The reference for the kernels, and none of their requirements (dtype,
     built head dims, CUDA: test_bad_inputs.py has those rows)."""
     monkeypatch.setattr(kvcache, "run_kvcache", reference_run_kvcache)
+    monkeypatch.setattr(kvcache, "run_kvcache_append", reference_run_kvcache_append)
     monkeypatch.setattr(kvcache, "_check_kernels_take", lambda *args: None)
 
 

@@ -89,6 +89,49 @@ def test_decode_and_append(layout, causal):
         torch.testing.assert_close(lse[b], ref_lse[0], rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("tables", ["float32", "bfloat16"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+def test_append_and_rotary_in_one_kernel(tables, interleaved):
+    """The new keys and values are written, the keys and queries rotated,
+    by one kernel ahead of the attention's: strided k and v, tables in
+    float32 or q's dtype, a rotary dim that is no multiple of 16. A row past
+    what the entry holds is dropped (the next entry's first row stays)."""
+    if (128, "bf16") not in BUILT:
+        pytest.skip(f"needs the d128 bf16 forward (built: {BUILT})")
+    batch, seqlen_new, nheads, nheads_k, d, capacity, rotary_dim = 2, 3, 8, 2, 128, 300, 40
+    dtype = torch.bfloat16
+    q = torch.randn(batch, 1, nheads, d, device="cuda", dtype=dtype)
+    k_new = torch.randn(batch, nheads_k, seqlen_new, d, device="cuda", dtype=dtype).transpose(1, 2)
+    v_new = torch.randn(batch, seqlen_new, nheads_k, 2 * d, device="cuda", dtype=dtype)[..., ::2]
+    k_cache = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn(batch, capacity, nheads_k, d, device="cuda", dtype=dtype)
+    seqlens = torch.tensor([capacity - 1, 40], dtype=torch.int32, device="cuda")  # the first: one row fits
+    angle = torch.rand(capacity + 8, rotary_dim // 2, device="cuda") * 2 * math.pi
+    cos, sin = torch.cos(angle).to(getattr(torch, tables)), torch.sin(angle).to(getattr(torch, tables))
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+
+    out, kernels = cuda_kernel_names(lambda: flashtile.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+        rotary_interleaved=interleaved))
+    assert sum("kvcache_append_kernel" in name for name in kernels) == 1, kernels
+    assert all("flashtile" in name for name in kernels), kernels
+
+    k_rot = apply_rotary_emb(k_new, cos, sin, interleaved, seqlen_offsets=seqlens)
+    assert torch.equal(k_cache[0, capacity - 1], k_rot[0, 0]) and torch.equal(v_cache[0, capacity - 1], v_new[0, 0])
+    assert torch.equal(k_cache[0, :capacity - 1], k_before[0, :capacity - 1])
+    assert torch.equal(k_cache[1, 40:43], k_rot[1]) and torch.equal(v_cache[1, 40:43], v_new[1])
+    untouched = torch.ones(capacity, dtype=torch.bool, device="cuda")
+    untouched[40:43] = False  # row 0 among them: where sequence 0's dropped rows would run on to
+    assert torch.equal(k_cache[1, untouched], k_before[1, untouched])
+    assert torch.equal(v_cache[1, untouched], v_before[1, untouched])
+    q_rot = apply_rotary_emb(q.reshape(batch, 1, -1, d), cos, sin, interleaved,
+                             seqlen_offsets=seqlens).reshape(q.shape)
+    for b, keys in enumerate((capacity, 43)):
+        ref, _ = attention_ref(q_rot[b:b + 1], k_cache[b:b + 1, :keys], v_cache[b:b + 1, :keys])
+        pt, _ = attention_ref(q_rot[b:b + 1], k_cache[b:b + 1, :keys], v_cache[b:b + 1, :keys], upcast=False)
+        assert_close_fa_rule(out[b:b + 1], ref, pt, f"out of sequence {b}")
+
+
 def test_decode_step_in_a_cuda_graph():
     """No host synchronization on the path: a captured step replays with new
     cache_seqlens and new queries, and matches the eager call."""

@@ -1,5 +1,6 @@
 // Host API of attention against a KV cache (kvcache_params.hpp): argument
-// checks, the split count, the workspace size and the dispatch.
+// checks, the split count, the workspace size and the dispatch; and of the
+// append of new keys and values with their rotary embedding.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -109,6 +110,49 @@ inline Status kvcache(const KvCacheParams& params, cudaStream_t stream) {
   const KvCacheLauncher launch = KvCacheRegistry::instance().find(p.head_dim, p.dtype);
   if (!launch) return Status::kNotBuilt;
   return launch(p, stream);
+}
+
+// Checks what the append kernel assumes about params without touching the
+// GPU (cache_seqlens, block_table and cache_batch_idx are device values:
+// positions outside an entry are skipped, pages and entries must exist).
+inline Status can_implement_kvcache_append(const KvAppendParams& p) {
+  if (!p.cache_seqlens || (p.k == nullptr) != (p.v == nullptr)) return Status::kInvalidArgument;
+  if (p.k && (!p.k_cache || !p.v_cache)) return Status::kInvalidArgument;
+  if (p.q_out && (!p.q || !p.rotary_cos)) return Status::kInvalidArgument;
+  if ((p.rotary_cos == nullptr) != (p.rotary_sin == nullptr)) return Status::kInvalidArgument;
+  if (p.batch < 1 || p.nheads_k < 1 || p.seqlen_new < 0 || p.seqlen_k < 0 || p.head_dim < 1 ||
+      p.head_dim > kMaxHeadDim || (p.k && p.seqlen_new < 1) || (p.q_out && (p.seqlen_q < 1 || p.nheads < 1))) {
+    return Status::kInvalidArgument;
+  }
+  if (p.rotary_cos && (p.rotary_dim < 2 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
+                       p.seqlen_ro < 0 || p.rotary_row_stride < 0 || p.rotary_col_stride < 0)) {
+    return Status::kInvalidArgument;
+  }
+  if (p.block_table != nullptr && (p.page_size < 1 || p.block_table_batch_stride < 0 || p.cache_batch_idx)) {
+    return Status::kInvalidArgument;
+  }
+  const int64_t rows = (p.q_out ? int64_t(p.batch) * p.seqlen_q * p.nheads : 0) +
+                       (p.k ? int64_t(p.batch) * p.seqlen_new * p.nheads_k : 0);
+  if (rows > int64_t(2147483647) * 4) return Status::kInvalidArgument;  // the grid, a row a warp
+  if (!strides_non_negative({p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.k_dim_stride, p.v_batch_stride,
+                             p.v_row_stride, p.v_head_stride, p.v_dim_stride, p.k_page_stride, p.k_cache_row_stride,
+                             p.k_cache_head_stride, p.k_cache_dim_stride, p.v_page_stride, p.v_cache_row_stride,
+                             p.v_cache_head_stride, p.v_cache_dim_stride, p.q_batch_stride, p.q_row_stride,
+                             p.q_head_stride, p.q_dim_stride, p.q_out_batch_stride, p.q_out_row_stride,
+                             p.q_out_head_stride})) {
+    return Status::kInvalidArgument;
+  }
+  return Status::kSuccess;
+}
+
+// Appends and rotates (KvAppendParams) with the kernel registered for
+// params.dtype.
+inline Status kvcache_append(const KvAppendParams& params, cudaStream_t stream) {
+  const Status ok = can_implement_kvcache_append(params);
+  if (ok != Status::kSuccess) return ok;
+  const KvAppendLauncher launch = KvCacheRegistry::instance().find_append(params.dtype);
+  if (!launch) return Status::kNotBuilt;
+  return launch(params, stream);
 }
 
 }  // namespace flashtile

@@ -75,6 +75,59 @@ struct KvCacheParams {
   DType dtype = DType::kBf16;
 };
 
+// flash_attn_with_kvcache's new keys and values and its rotary embedding,
+// applied before the attention in one kernel (sm80/kvcache_append_kernel.hpp):
+// row i < seqlen_new of k and v for sequence b goes into its cache at key
+// position pos = seqlen_b + i (seqlen_b = cache_seqlens[b]; the entry and
+// pages as KvCacheParams'), and a row whose pos is outside [0, seqlen_k)
+// (what an entry holds) is not written. With rotary_cos and rotary_sin (both
+// (seqlen_ro, rotary_dim / 2) tables) the key row is rotated by the angles of
+// row pos, and q is rotated into q_out: row i by those of seqlen_b + i, or of
+// seqlen_b for every row when q_rows_share_position. Features (j, j +
+// rotary_dim / 2), or (2j, 2j + 1) when rotary_interleaved, are the pairs
+// rotated by angle j; a position outside [0, seqlen_ro) rotates by nothing.
+// cache_seqlens_out (when set) gets seqlen_b + seqlen_new. Strides are in
+// elements, the last one (the feature stride) included.
+struct KvAppendParams {
+  const void* k = nullptr;  // (batch, seqlen_new, nheads_k, head_dim); nullptr: nothing appended
+  const void* v = nullptr;  // k's shape
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0, k_dim_stride = 1;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0, v_dim_stride = 1;
+  void* k_cache = nullptr;  // KvCacheParams' layouts
+  void* v_cache = nullptr;
+  int64_t k_page_stride = 0, k_cache_row_stride = 0, k_cache_head_stride = 0, k_cache_dim_stride = 1;
+  int64_t v_page_stride = 0, v_cache_row_stride = 0, v_cache_head_stride = 0, v_cache_dim_stride = 1;
+  const int* block_table = nullptr;  // paged when set
+  int64_t block_table_batch_stride = 0;
+  int page_size = 0;
+  const int* cache_batch_idx = nullptr;
+  const int* cache_seqlens = nullptr;  // (batch,) int32, required
+  int* cache_seqlens_out = nullptr;    // (batch,) int32, or nullptr
+
+  const void* q = nullptr;  // (batch, seqlen_q, nheads, head_dim), rotated into q_out
+  void* q_out = nullptr;    // q's shape; nullptr: q is not rotated
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0, q_dim_stride = 1;
+  int64_t q_out_batch_stride = 0, q_out_row_stride = 0, q_out_head_stride = 0;  // feature stride 1
+  bool q_rows_share_position = false;
+
+  const void* rotary_cos = nullptr;  // nullptr: no rotation
+  const void* rotary_sin = nullptr;
+  int64_t rotary_row_stride = 0, rotary_col_stride = 1;  // both tables'
+  bool rotary_fp32 = false;  // the tables' type: float, else dtype
+  bool rotary_interleaved = false;
+  int rotary_dim = 0;  // even, <= head_dim
+  int seqlen_ro = 0;
+
+  int batch = 0;
+  int seqlen_new = 0;
+  int seqlen_q = 0;
+  int nheads = 0;
+  int nheads_k = 0;
+  int head_dim = 0;
+  int seqlen_k = 0;  // keys an entry can hold
+  DType dtype = DType::kBf16;
+};
+
 // Where the split-KV partials live in KvCacheParams::workspace: the
 // logsumexps (num_splits, batch, nheads, seqlen_q), then the outputs
 // (num_splits, batch, nheads, seqlen_q, head_dim), fp32, each 16-byte

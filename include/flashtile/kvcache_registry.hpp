@@ -1,5 +1,5 @@
 // The KV-cache kernels' dispatch table: one entry per compiled (head dim,
-// dtype), each generated kernels/kvcache_*.cu file adding its launcher at
+// dtype), each generated kernels/kvcache_sm80_*.cu file adding its launcher at
 // static-initialization time, as registry.hpp's for the forward and
 // backward. A table of its own because these kernels take KvCacheParams and
 // have one family for every arch (the mma.sync kernels, sm80 and newer).
@@ -15,6 +15,7 @@
 namespace flashtile {
 
 using KvCacheLauncher = Status (*)(const KvCacheParams&, cudaStream_t);
+using KvAppendLauncher = Status (*)(const KvAppendParams&, cudaStream_t);
 
 class KvCacheRegistry {
  public:
@@ -35,6 +36,20 @@ class KvCacheRegistry {
     return nullptr;
   }
 
+  // The append kernel (sm80/kvcache_append_kernel.hpp), one per dtype:
+  // kernels/kvcache_append_*.cu.
+  bool add_append(DType dtype, KvAppendLauncher launch) {
+    appends_.push_back({dtype, launch});
+    return true;
+  }
+
+  KvAppendLauncher find_append(DType dtype) const {
+    for (const AppendEntry& e : appends_) {
+      if (e.dtype == dtype) return e.launch;
+    }
+    return nullptr;
+  }
+
   struct Entry {
     int head_dim;
     DType dtype;
@@ -43,7 +58,12 @@ class KvCacheRegistry {
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
+  struct AppendEntry {
+    DType dtype;
+    KvAppendLauncher launch;
+  };
   std::vector<Entry> entries_;
+  std::vector<AppendEntry> appends_;
 };
 
 }  // namespace flashtile

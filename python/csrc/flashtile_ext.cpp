@@ -445,6 +445,125 @@ void kvcache(const CudaArray& q, const CudaArray& k_cache, const CudaArray& v_ca
   raise_for_status(status, "kvcache", p.head_dim, dtype, flashtile::Variant::kPlain);
 }
 
+// A 4-D array's dims and strides (elements), any strides.
+struct Dims4 {
+  int64_t shape[4];
+  int64_t stride[4];
+  Dims4(const CudaArray& a, const char* name) {
+    require(a.ndim() == 4, std::string(name) + " must be 4-D");
+    for (int i = 0; i < 4; ++i) shape[i] = int64_t(a.shape(i)), stride[i] = a.stride(i);
+  }
+};
+
+// flash_attn_with_kvcache's new k, v (batch, seqlen_new, nheads_k, d) written
+// into the cache (dense or paged, as kvcache()'s) at cache_seqlens, k rotated
+// with rotary_cos / rotary_sin when given, and q rotated into q_out; see
+// flashtile/kvcache_params.hpp (KvAppendParams).
+void kvcache_append(const CudaArray& k_cache, const CudaArray& v_cache, const CudaArray& cache_seqlens,
+                    uintptr_t stream, const std::optional<CudaArray>& k, const std::optional<CudaArray>& v,
+                    const std::optional<CudaArray>& cache_seqlens_out,
+                    const std::optional<CudaArray>& cache_batch_idx, const std::optional<CudaArray>& block_table,
+                    const std::optional<CudaArray>& q, const std::optional<CudaArray>& q_out,
+                    bool q_rows_share_position, const std::optional<CudaArray>& rotary_cos,
+                    const std::optional<CudaArray>& rotary_sin, bool rotary_interleaved) {
+  const flashtile::DType dtype = element_dtype(k_cache, "k_cache");
+  require(element_dtype(v_cache, "v_cache") == dtype, "k_cache and v_cache must share one dtype");
+  const int device = k_cache.device_id();
+  const Dims4 K(k_cache, "k_cache"), V(v_cache, "v_cache");
+  for (int i = 0; i < 4; ++i) require(K.shape[i] == V.shape[i], "k_cache and v_cache must have the same shape");
+  require(v_cache.device_id() == device && cache_seqlens.device_id() == device,
+          "k_cache, v_cache and cache_seqlens must be on one CUDA device");
+  require(is_dtype(cache_seqlens, nb::dlpack::dtype_code::Int, 32) && cache_seqlens.ndim() == 1,
+          "cache_seqlens must be a 1-D int32 array");
+
+  flashtile::KvAppendParams p;
+  p.batch = int(cache_seqlens.shape(0));
+  p.nheads_k = int(K.shape[2]);
+  p.head_dim = int(K.shape[3]);
+  p.dtype = dtype;
+  p.k_cache = k_cache.data(), p.v_cache = v_cache.data();
+  p.k_page_stride = K.stride[0], p.k_cache_row_stride = K.stride[1], p.k_cache_head_stride = K.stride[2];
+  p.k_cache_dim_stride = K.stride[3];
+  p.v_page_stride = V.stride[0], p.v_cache_row_stride = V.stride[1], p.v_cache_head_stride = V.stride[2];
+  p.v_cache_dim_stride = V.stride[3];
+  auto vector = [&](const std::optional<CudaArray>& a, const char* name) {
+    if (a) require_int32_vector(*a, name, p.batch, device);
+    return a ? a->data() : nullptr;
+  };
+  require_int32_vector(cache_seqlens, "cache_seqlens", p.batch, device);
+  p.cache_seqlens = static_cast<const int*>(cache_seqlens.data());
+  p.cache_seqlens_out = static_cast<int*>(vector(cache_seqlens_out, "cache_seqlens_out"));
+  p.cache_batch_idx = static_cast<const int*>(vector(cache_batch_idx, "cache_batch_idx"));
+  if (block_table) {
+    const CudaArray& t = *block_table;
+    require(is_dtype(t, nb::dlpack::dtype_code::Int, 32) && t.ndim() == 2 && int64_t(t.shape(0)) == p.batch,
+            "block_table must be int32 (batch, max_pages)");
+    require(t.shape(1) <= 1 || t.stride(1) == 1, "block_table's rows must be contiguous");
+    require(t.device_id() == device, "block_table must be on k_cache's CUDA device");
+    require(int64_t(t.shape(1)) * K.shape[1] <= (int64_t(1) << 29), "block_table: the cache holds too many keys");
+    p.block_table = static_cast<const int*>(t.data());
+    p.block_table_batch_stride = t.stride(0);
+    p.page_size = int(K.shape[1]);
+    p.seqlen_k = int(int64_t(t.shape(1)) * K.shape[1]);
+  } else {
+    require(K.shape[1] <= (int64_t(1) << 29), "k_cache holds too many keys");
+    p.seqlen_k = int(K.shape[1]);
+  }
+  require(k.has_value() == v.has_value(), "k and v must be given together");
+  if (k) {
+    require(element_dtype(*k, "k") == dtype && element_dtype(*v, "v") == dtype, "k and v must have k_cache's dtype");
+    require(k->device_id() == device && v->device_id() == device, "k and v must be on k_cache's CUDA device");
+    const Dims4 Kn(*k, "k"), Vn(*v, "v");
+    for (int i = 0; i < 4; ++i) require(Kn.shape[i] == Vn.shape[i], "k and v must have the same shape");
+    require(Kn.shape[0] == p.batch && Kn.shape[2] == p.nheads_k && Kn.shape[3] == p.head_dim,
+            "k must be (batch, seqlen_new, nheads_k, head_dim) of the cache's nheads_k and head_dim");
+    p.k = k->data(), p.v = v->data();
+    p.seqlen_new = int(Kn.shape[1]);
+    p.k_batch_stride = Kn.stride[0], p.k_row_stride = Kn.stride[1], p.k_head_stride = Kn.stride[2];
+    p.k_dim_stride = Kn.stride[3];
+    p.v_batch_stride = Vn.stride[0], p.v_row_stride = Vn.stride[1], p.v_head_stride = Vn.stride[2];
+    p.v_dim_stride = Vn.stride[3];
+  }
+  require(rotary_cos.has_value() == rotary_sin.has_value(), "rotary_cos and rotary_sin must be given together");
+  if (rotary_cos) {
+    const CudaArray& c = *rotary_cos;
+    const CudaArray& s = *rotary_sin;
+    const bool fp32 = is_dtype(c, nb::dlpack::dtype_code::Float, 32);
+    require(fp32 || (c.dtype() == k_cache.dtype()), "rotary_cos must be float32 or the cache's dtype");
+    require(s.dtype() == c.dtype() && s.ndim() == 2 && c.ndim() == 2 && s.shape(0) == c.shape(0) &&
+                s.shape(1) == c.shape(1) && s.stride(0) == c.stride(0) && s.stride(1) == c.stride(1),
+            "rotary_sin must have rotary_cos's dtype, shape and strides");
+    require(c.device_id() == device && s.device_id() == device, "rotary_cos and rotary_sin must be on k_cache's device");
+    p.rotary_cos = c.data(), p.rotary_sin = s.data();
+    p.rotary_fp32 = fp32;
+    p.rotary_interleaved = rotary_interleaved;
+    p.seqlen_ro = int(c.shape(0));
+    p.rotary_dim = int(2 * c.shape(1));
+    p.rotary_row_stride = c.stride(0), p.rotary_col_stride = c.stride(1);
+  }
+  require(q.has_value() == q_out.has_value(), "q and q_out must be given together");
+  if (q) {
+    require(element_dtype(*q, "q") == dtype && element_dtype(*q_out, "q_out") == dtype, "q must have the cache's dtype");
+    require(q->device_id() == device && q_out->device_id() == device, "q and q_out must be on k_cache's device");
+    const Dims4 Q(*q, "q"), Qo(*q_out, "q_out");
+    for (int i = 0; i < 4; ++i) require(Q.shape[i] == Qo.shape[i], "q_out must have q's shape");
+    require(Q.shape[0] == p.batch && Q.shape[3] == p.head_dim, "q must be (batch, seqlen_q, nheads, head_dim)");
+    require(Qo.stride[3] == 1, "q_out must have a contiguous last dim");
+    p.q = q->data(), p.q_out = q_out->data();
+    p.seqlen_q = int(Q.shape[1]), p.nheads = int(Q.shape[2]);
+    p.q_batch_stride = Q.stride[0], p.q_row_stride = Q.stride[1], p.q_head_stride = Q.stride[2];
+    p.q_dim_stride = Q.stride[3];
+    p.q_out_batch_stride = Qo.stride[0], p.q_out_row_stride = Qo.stride[1], p.q_out_head_stride = Qo.stride[2];
+    p.q_rows_share_position = q_rows_share_position;
+  }
+  const flashtile::Status status = flashtile::kvcache_append(p, reinterpret_cast<cudaStream_t>(stream));
+  if (status == flashtile::Status::kNotBuilt) {
+    throw std::runtime_error(std::string("flashtile.kvcache_append: the kernel for dtype ") +
+                             flashtile::dtype_name(dtype) + " is not built in this flashtile build");
+  }
+  raise_for_status(status, "kvcache_append", p.head_dim, dtype, flashtile::Variant::kPlain);
+}
+
 std::vector<std::tuple<int, std::string>> built_kvcache_kernels() {
   std::vector<std::tuple<int, std::string>> out;
   for (const auto& e : flashtile::KvCacheRegistry::instance().entries()) {
@@ -563,6 +682,19 @@ NB_MODULE(_C, m) {
         "(batch,)): a dense cache's entry per sequence. num_splits: split-KV CTAs per (batch, KV head), "
         "0 to choose; with more than one, workspace holds kvcache_plan()'s bytes. Reads no device value "
         "on the host (CUDA-graph capturable).");
+  m.def("kvcache_append", &kvcache_append, nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("cache_seqlens"),
+        nb::arg("stream"), nb::arg("k").none() = nb::none(), nb::arg("v").none() = nb::none(),
+        nb::arg("cache_seqlens_out").none() = nb::none(), nb::arg("cache_batch_idx").none() = nb::none(),
+        nb::arg("block_table").none() = nb::none(), nb::arg("q").none() = nb::none(),
+        nb::arg("q_out").none() = nb::none(), nb::arg("q_rows_share_position") = false,
+        nb::arg("rotary_cos").none() = nb::none(), nb::arg("rotary_sin").none() = nb::none(),
+        nb::arg("rotary_interleaved") = false,
+        "One kernel ahead of kvcache(): new k and v (batch, seqlen_new, nheads_k, head_dim) written into "
+        "the cache (dense or paged, as kvcache()'s) at rows cache_seqlens[b] + i (rows past what an entry "
+        "holds are skipped), k rotated when rotary_cos and rotary_sin ((seqlen_ro, rotary_dim / 2), "
+        "float32 or the cache's dtype) are given, and q rotated into q_out (row i at position "
+        "cache_seqlens[b] + i, or cache_seqlens[b] with q_rows_share_position); cache_seqlens_out gets "
+        "cache_seqlens + seqlen_new. Reads no device value on the host.");
   m.def("kvcache_plan", &kvcache_plan, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("nheads"),
         nb::arg("nheads_k"), nb::arg("head_dim"), nb::arg("seqlen_k"), nb::arg("num_splits"),
         "(num_splits, workspace bytes) kvcache() uses for these shapes on the current GPU; seqlen_k is "

@@ -234,6 +234,34 @@ def run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_
     return out, lse
 
 
+def run_kvcache_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                       rotary_sin, rotary_interleaved, q_rows_share_position):
+    """flash_attn_with_kvcache's writes before its attention, in one kernel:
+    k, v (or None) into the cache at rows cache_seqlens[b] + i (int32
+    (batch,), contiguous), k rotated, and q rotated into a new tensor when
+    rotary_cos, rotary_sin are given (q's row i at position cache_seqlens[b]
+    + i, or cache_seqlens[b] with q_rows_share_position). Returns (q rotated
+    or q itself, cache_seqlens + seqlen_new or cache_seqlens itself). Nothing
+    on the host reads a device value."""
+    rotate = rotary_cos is not None
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotate else None
+    used = torch.empty_like(cache_seqlens) if k is not None else cache_seqlens
+    if rotate:
+        # The kernel reads both tables in one type, float32 or q's, at one pair of strides.
+        if rotary_sin.dtype != rotary_cos.dtype or rotary_cos.dtype not in (torch.float32, q.dtype):
+            rotary_cos, rotary_sin = rotary_cos.float(), rotary_sin.float()
+        if rotary_sin.stride() != rotary_cos.stride():
+            rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
+    cache_batch_idx, block_table = (t if t is None or t.is_contiguous() else t.contiguous()
+                                    for t in (cache_batch_idx, block_table))
+    with torch.cuda.device(q.device):
+        _C.kvcache_append(*_arrays(k_cache, v_cache, cache_seqlens), _current_stream(q.device),
+                          *_arrays(k, v, used if k is not None else None, cache_batch_idx, block_table,
+                                   q if rotate else None, q_out), bool(q_rows_share_position),
+                          *_arrays(rotary_cos, rotary_sin), bool(rotary_interleaved))
+    return (q_out if rotate else q), used
+
+
 def _fwd_fake(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1, window_right=-1,
               softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
               max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, dropout_seed=None, return_attn_probs=False):

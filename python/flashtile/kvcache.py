@@ -28,8 +28,10 @@ the cache is read in place, dense or paged (pages of any size), and the
 query heads that share a KV head are one tile, so each cache row is read
 once for all of them. A sequence's keys are split across CTAs (num_splits;
 0 chooses from the shapes and the GPU's SM count) and the partial results
-combined. The new keys are appended, and rotated, with tensor ops before
-it. Head dims without a KV-cache kernel (other than 32, 64, 96, 128, 192,
+combined. Before it one kernel (include/flashtile/sm80/kvcache_append_kernel.hpp)
+appends the new keys and values, rotating the keys, and rotates the queries
+into a copy: a decode step is two or three launches, not the ~25 small ops
+that tensor code took. Head dims without a KV-cache kernel (other than 32, 64, 96, 128, 192,
 256) gather the cache into a dense copy and run the variable-length
 forward, which pads the head dim.
 """
@@ -40,8 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks
-from .rotary import apply_rotary_emb
-from ._ops import BUILT_KVCACHE_KERNELS, run_kvcache
+from ._ops import BUILT_KVCACHE_KERNELS, run_kvcache, run_kvcache_append
 
 __all__ = ["flash_attn_with_kvcache", "paged_varlen_attention", "set_debug_checks"]
 
@@ -106,27 +107,19 @@ def flash_attn_with_kvcache(
         seqlens = torch.full((batch,), capacity if cache_seqlens is None else cache_seqlens, dtype=torch.int32,
                              device=device)
     else:
-        seqlens = cache_seqlens.to(torch.int32)
+        seqlens = cache_seqlens.contiguous()  # int32 (checked)
 
     window_left, window_right = _checks.window_pair(window_size)
-    if rotary_cos is not None:
-        if causal or window_left >= 0 or window_right >= 0:
-            q = apply_rotary_emb(q, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=seqlens)
-        else:  # every query at the position of the first new key
-            flat = q.reshape(batch, 1, seqlen_q * nheads, head_dim)
-            q = apply_rotary_emb(flat, rotary_cos, rotary_sin, rotary_interleaved,
-                                 seqlen_offsets=seqlens).reshape(q.shape)
-        if k is not None:
-            k = apply_rotary_emb(k, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=seqlens)
-
     if _debug_checks:
         _check_device_values(k_cache, batch, seqlens, 0 if k is None else k.shape[1], capacity, cache_leftpad,
                              cache_batch_idx, block_table)
-    if k is not None:
-        _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
-        used = seqlens + k.shape[1]
-    else:
-        used = seqlens
+    appended = k is not None and k.shape[1] > 0
+    used = seqlens
+    if appended or rotary_cos is not None:
+        # Without a mask every query is at the position of the first new key.
+        q, used = run_kvcache_append(q, k_cache, v_cache, k if appended else None, v if appended else None, seqlens,
+                                     cache_batch_idx, block_table, rotary_cos, rotary_sin, rotary_interleaved,
+                                     q_rows_share_position=not (causal or window_left >= 0 or window_right >= 0))
 
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
@@ -274,23 +267,6 @@ def _check_paged_varlen(q, k_pages, v_pages, block_table, cu_seqlens_q, cu_seqle
         _check_int32_vector(seqused_k, "seqused_k", batch, q.device)
     if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 1:
         raise ValueError(f"max_seqlen_q must be an int >= 1, got {max_seqlen_q!r}")
-
-
-def _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
-    """Writes k, v (batch, seqlen_new, ...) into the cache at rows
-    seqlens[b] + i of sequence b's entry (dense) or pages (paged)."""
-    batch, seqlen_new = k.shape[:2]
-    positions = seqlens.long()[:, None] + torch.arange(seqlen_new, device=k.device)  # (batch, seqlen_new)
-    if block_table is not None:
-        page_size = k_cache.shape[1]
-        entries = block_table.long().gather(1, positions // page_size)
-        rows = positions % page_size
-    else:
-        entries = (torch.arange(batch, device=k.device) if cache_batch_idx is None
-                   else cache_batch_idx.long())[:, None].expand(batch, seqlen_new)
-        rows = positions
-    k_cache[entries, rows] = k
-    v_cache[entries, rows] = v
 
 
 def _check_kernels_take(dtype, head_dim, batch, nheads, alibi_slopes, tensors):

@@ -78,6 +78,27 @@ flashtile::KvCacheParams valid_kvcache() {
   return p;
 }
 
+// A decode step's append: 3 sequences, one new row each, into the paged
+// cache above, keys rotated over 64 of 128 features, queries into a copy.
+flashtile::KvAppendParams valid_kvcache_append() {
+  flashtile::KvAppendParams p;
+  p.k = fake_pointer(0x10000), p.v = fake_pointer(0x20000);
+  p.k_cache = fake_pointer(0x30000), p.v_cache = fake_pointer(0x40000);
+  p.cache_seqlens = static_cast<const int*>(fake_pointer(0x50000));
+  p.block_table = static_cast<const int*>(fake_pointer(0x60000));
+  p.block_table_batch_stride = 64, p.page_size = 16, p.seqlen_k = 64 * 16;
+  p.q = fake_pointer(0x70000), p.q_out = fake_pointer(0x80000);
+  p.rotary_cos = fake_pointer(0x90000), p.rotary_sin = fake_pointer(0xa0000);
+  p.rotary_dim = 64, p.seqlen_ro = 2048, p.rotary_row_stride = 32;
+  p.batch = 3, p.seqlen_new = 1, p.seqlen_q = 1, p.nheads = 8, p.nheads_k = 2, p.head_dim = 128;
+  p.k_head_stride = p.v_head_stride = 128, p.k_row_stride = p.v_row_stride = p.k_batch_stride = p.v_batch_stride = 256;
+  p.k_cache_head_stride = p.v_cache_head_stride = 128, p.k_cache_row_stride = p.v_cache_row_stride = 256;
+  p.k_page_stride = p.v_page_stride = 16 * 256;
+  p.q_head_stride = p.q_out_head_stride = 128, p.q_row_stride = p.q_out_row_stride = 8 * 128;
+  p.q_batch_stride = p.q_out_batch_stride = 8 * 128;
+  return p;
+}
+
 template <class Params, class Check>
 void expect_refused(const char* what, flashtile::Status want, Check check,
                     const std::function<void(Params&)>& mutate, Params base) {
@@ -245,6 +266,30 @@ int main() {
                      [](Kv& p) { p.k_row_stride = 2 * 128 + 4; }, valid_kvcache());
   expect_refused<Kv>("kvcache: softcap NaN", Status::kInvalidArgument, kv_check,
                      [](Kv& p) { p.softcap = std::nanf(""); }, valid_kvcache());
+  using Append = flashtile::KvAppendParams;
+  const auto append_check = [](const Append& p) { return flashtile::can_implement_kvcache_append(p); };
+  expect(append_check(valid_kvcache_append()) == Status::kSuccess, "valid append params pass");
+  expect_refused<Append>("append: no cache_seqlens", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.cache_seqlens = nullptr; }, valid_kvcache_append());
+  expect_refused<Append>("append: k without v", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.v = nullptr; }, valid_kvcache_append());
+  expect_refused<Append>("append: odd rotary dim", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.rotary_dim = 63; }, valid_kvcache_append());
+  expect_refused<Append>("append: rotary dim above the head dim", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.rotary_dim = 130; }, valid_kvcache_append());
+  expect_refused<Append>("append: q_out without tables", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.rotary_cos = p.rotary_sin = nullptr; }, valid_kvcache_append());
+  expect_refused<Append>("append: block_table with cache_batch_idx", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.cache_batch_idx = static_cast<const int*>(fake_pointer(0xb0000)); },
+                         valid_kvcache_append());
+  expect_refused<Append>("append: negative stride", Status::kInvalidArgument, append_check,
+                         [](Append& p) { p.k_cache_dim_stride = -1; }, valid_kvcache_append());
+  {
+    Append p = valid_kvcache_append();
+    p.q = p.rotary_cos = p.rotary_sin = nullptr;
+    p.q_out = nullptr;
+    expect(append_check(p) == Status::kSuccess, "an append without rotary passes");
+  }
   // Splits from the shapes: decoding few sequences splits their keys until
   // the GPU is full; many sequences do not split.
   expect(flashtile::pick_kvcache_splits(valid_kvcache(), 132) > 1, "a short batch splits its keys");
