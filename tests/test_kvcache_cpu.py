@@ -281,3 +281,22 @@ def test_paged_varlen_rows_and_alignment(causal):
         torch.testing.assert_close(lse[:, q0:q1], want_lse[0])
     assert torch.equal(out[13:], torch.zeros_like(out[13:]))
     assert torch.isneginf(lse[:, 13:]).all()
+
+
+def test_append_without_work_launches_nothing():
+    """_ops.run_kvcache_append returns before the extension where there is
+    nothing to write: no sequences, or an empty q with a rotary dim of 0 and
+    no new keys (the tensors here are on the CPU, which the extension would
+    refuse)."""
+    from flashtile import _ops
+    cache = torch.zeros(2, 8, 1, 16, dtype=torch.bfloat16)
+    seqlens = torch.zeros(2, dtype=torch.int32)
+    empty_batch = torch.zeros(0, 1, 2, 16, dtype=torch.bfloat16)
+    q, used = _ops.run_kvcache_append(empty_batch, cache, cache, None, None, seqlens[:0], None, None, None, None,
+                                      False, False)
+    assert q is empty_batch and used.numel() == 0
+    no_rows = torch.zeros(2, 0, 2, 16, dtype=torch.bfloat16)
+    table = torch.zeros(8, 0)
+    q, used = _ops.run_kvcache_append(no_rows, cache, cache, None, None, seqlens, None, None, table, table, False,
+                                      False)
+    assert q is no_rows and used is seqlens

@@ -243,10 +243,16 @@ def run_kvcache_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx
     + i, or cache_seqlens[b] with q_rows_share_position). Returns (q rotated
     or q itself, cache_seqlens + seqlen_new or cache_seqlens itself). Nothing
     on the host reads a device value."""
-    rotate = rotary_cos is not None
+    if q.shape[0] == 0:  # no sequences: nothing to write
+        return q, cache_seqlens
+    if rotary_cos is not None and rotary_cos.shape[1] == 0:  # rotary_dim 0: no rotation (as flash_attn)
+        rotary_cos = rotary_sin = None
+    rotate = rotary_cos is not None and q.numel() > 0  # (an empty q has no rows to rotate; k may)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotate else None
     used = torch.empty_like(cache_seqlens) if k is not None else cache_seqlens
-    if rotate:
+    if k is None and not rotate:
+        return q, used
+    if rotary_cos is not None:
         # The kernel reads both tables in one type, float32 or q's, at one pair of strides.
         if rotary_sin.dtype != rotary_cos.dtype or rotary_cos.dtype not in (torch.float32, q.dtype):
             rotary_cos, rotary_sin = rotary_cos.float(), rotary_sin.float()
