@@ -891,6 +891,8 @@ int main() {
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<64, cutlass::bfloat16_t>>("sm90 fwd d64");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>>("sm90 fwd d128");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t>>("sm90 fwd d256 fp16");
+  check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t, flashtile::sm90::FwdConfig<256, true>>>(
+      "sm90 fwd d256 fp16, uniform tiles");
   using flashtile::MaskKind;
   check_block_mask<MaskKind::kNone, 128, 128>("mask 128x128");
   check_block_mask<MaskKind::kCausal, 128, 128>("mask causal 128x128");

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/device.hpp"
@@ -15,15 +17,15 @@
 
 namespace flashtile::sm90 {
 
-template <int kHeadDim, class Element, MaskKind kMask>
+template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kHeadDim, Element>;
-  auto* kernel = is_varlen(params) ? &fwd_kernel<Traits, kMask, true> : &fwd_kernel<Traits, kMask, false>;
+  constexpr bool uniform_tiles = kMask == MaskKind::kNone && !kVarlen;  // (tile_scheduler.hpp)
+  using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles>>;
+  auto* kernel = &fwd_kernel<Traits, kMask, kVarlen>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
   }
-  const bool uniform_tiles = kMask == MaskKind::kNone && !is_varlen(params);  // (tile_scheduler.hpp)
   const auto scheduler = TileScheduler::make<Traits::kBlockM>(params, uniform_tiles);
   if (scheduler.num_tiles == 0) return Status::kSuccess;
   if (scheduler.counter != nullptr && cudaMemsetAsync(scheduler.counter, 0, sizeof(int), stream) != cudaSuccess) {
@@ -43,14 +45,19 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (!device_is_sm90()) return Status::kUnsupportedDevice;
   if (!fwd_supports(params)) return Status::kInvalidArgument;
   FwdParams p = params;  // with causal folded into the window
-  switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
-    case MaskKind::kNone:
-      return launch_fwd<kHeadDim, Element, MaskKind::kNone>(p, stream);
-    case MaskKind::kCausal:
-      return launch_fwd<kHeadDim, Element, MaskKind::kCausal>(p, stream);
-    default:
-      return launch_fwd<kHeadDim, Element, MaskKind::kLocal>(p, stream);
-  }
+  const MaskKind mask = resolve_mask(p.causal, p.window_left, p.window_right);
+  auto launch = [&](auto varlen) {
+    constexpr bool kVarlen = decltype(varlen)::value;
+    switch (mask) {
+      case MaskKind::kNone:
+        return launch_fwd<kHeadDim, Element, MaskKind::kNone, kVarlen>(p, stream);
+      case MaskKind::kCausal:
+        return launch_fwd<kHeadDim, Element, MaskKind::kCausal, kVarlen>(p, stream);
+      default:
+        return launch_fwd<kHeadDim, Element, MaskKind::kLocal, kVarlen>(p, stream);
+    }
+  };
+  return is_varlen(p) ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
 }  // namespace flashtile::sm90

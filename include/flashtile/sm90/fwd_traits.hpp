@@ -27,7 +27,10 @@ using namespace cute;
 // thread. On the H200 (benchmarks/NOTES.md), at d128: 128 × 176 without a
 // mask (FlashAttention-3's choice) ran 20 % slower than 128 × 128, and three
 // K/V stages (224 KB) no faster than two.
-template <int kHeadDim>
+// kUniform: the kernel without a mask on fixed lengths (every tile the same
+// work, no tile counter; tile_scheduler.hpp). A 128 × 80 tile for it at d256
+// (no spill) ran 0.76-0.85× the 128 × 64 one (H200, 1k-16k).
+template <int kHeadDim, bool kUniform = false>
 struct FwdConfig {
   // At d64 three consumer warpgroups (192 rows) share each K/V block: the
   // softmax is a larger share of a small head dim's work, and a third
@@ -38,6 +41,14 @@ struct FwdConfig {
   static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 96 : 64;
   static constexpr int kStages = 2;
+  // Registers a producer thread keeps beside two consumer warpgroups. The
+  // tile walk from the device counter (every kernel but the uniform one)
+  // spills 170-510 bytes at 24 (ptxas, nvcc 13.0, sm_90a, d32-d256) and none
+  // at 40, where the consumers' 232 hold d256 with 4-40 bytes of spills.
+  // Causal forward on the H200, 1k-16k (benchmarks/NOTES.md): d256 +2-8 % at
+  // 40 / 232; d128 and d192 within noise, -1 to -3 % at 16k, so they and the
+  // uniform kernel keep FlashAttention-3's 24 / 240.
+  static constexpr int kProducerRegisters = kHeadDim == 256 && !kUniform ? 40 : 24;
 };
 
 template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
@@ -59,9 +70,15 @@ struct FwdTraits {
 
   // Registers per thread after setmaxnreg: the producer needs few, the
   // consumers hold S, P and O. 128 · (24 + 2 · 240) and 128 · (32 + 3 · 160)
-  // fit the 64K-register file at one CTA per SM (FlashAttention-3's splits).
-  static constexpr int kProducerRegisters = kMmaWarpgroups == 3 ? 32 : 24;
-  static constexpr int kMmaRegisters = kMmaWarpgroups == 2 ? 240 : 160;
+  // fit the 64K-register file at one CTA per SM (FlashAttention-3's splits);
+  // 128 · (40 + 2 · 232) as well (FwdConfig).
+  static constexpr int kProducerRegisters = kMmaWarpgroups == 3 ? 32 : Config_::kProducerRegisters;
+  static constexpr int kMmaRegisters = kMmaWarpgroups == 3 ? 160 : 240 - (kProducerRegisters - 24) / 2;
+  // setmaxnreg moves registers within the CTA's launch allocation (168 or
+  // 128 a thread at one CTA per SM): what the producer gives back, the
+  // consumers take, exactly (a shortfall hangs the kernel).
+  static_assert(128 * kProducerRegisters + kMmaThreads * kMmaRegisters == 128 * (24 + 2 * 240) ||
+                128 * kProducerRegisters + kMmaThreads * kMmaRegisters == 128 * (32 + 3 * 160));
 
   using MmaWarpgroups = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
   using TiledMmaQK = decltype(make_tiled_mma(
