@@ -364,6 +364,23 @@ std::tuple<int, int64_t> kvcache_plan(int batch, int seqlen_q, int nheads, int n
   return {splits, flashtile::kvcache_workspace_bytes(p)};
 }
 
+// A paged cache's block_table (batch, max_pages) of int32 page indices, rows
+// contiguous, on `device` (the device of the array named `device_owner`):
+// sets p's block_table, its batch stride, page_size and seqlen_k (the keys
+// max_pages pages hold). KvCacheParams and KvAppendParams.
+template <class Params>
+void set_block_table(Params& p, const CudaArray& t, int64_t page_size, int device, const char* device_owner) {
+  require(is_dtype(t, nb::dlpack::dtype_code::Int, 32) && t.ndim() == 2 && int64_t(t.shape(0)) == p.batch,
+          "block_table must be int32 (batch, max_pages)");
+  require(t.shape(1) <= 1 || t.stride(1) == 1, "block_table's rows must be contiguous");
+  require(t.device_id() == device, std::string("block_table must be on ") + device_owner + "'s CUDA device");
+  require(int64_t(t.shape(1)) * page_size <= (int64_t(1) << 29), "block_table: the cache holds too many keys");
+  p.block_table = static_cast<const int*>(t.data());
+  p.block_table_batch_stride = t.stride(0);
+  p.page_size = int(page_size);
+  p.seqlen_k = int(int64_t(t.shape(1)) * page_size);
+}
+
 // Attention of q (batch, seqlen_q, nheads, d) against a dense (batch_cache,
 // seqlen_cache, nheads_k, d) or paged (num_pages, page_size, nheads_k, d)
 // cache; see flashtile/kvcache_params.hpp.
@@ -399,16 +416,7 @@ void kvcache(const CudaArray& q, const CudaArray& k_cache, const CudaArray& v_ca
   V.strides(p.v_page_stride, p.v_row_stride, p.v_head_stride);
   O.strides(p.out_batch_stride, p.out_row_stride, p.out_head_stride);
   if (block_table) {
-    const CudaArray& t = *block_table;
-    require(is_dtype(t, nb::dlpack::dtype_code::Int, 32) && t.ndim() == 2 && int64_t(t.shape(0)) == p.batch,
-            "block_table must be int32 (batch, max_pages)");
-    require(t.shape(1) <= 1 || t.stride(1) == 1, "block_table's rows must be contiguous");
-    require(t.device_id() == device, "block_table must be on q's CUDA device");
-    require(int64_t(t.shape(1)) * K.shape(1) <= (int64_t(1) << 29), "block_table: the cache holds too many keys");
-    p.block_table = static_cast<const int*>(t.data());
-    p.block_table_batch_stride = t.stride(0);
-    p.page_size = int(K.shape(1));
-    p.seqlen_k = int(int64_t(t.shape(1)) * K.shape(1));
+    set_block_table(p, *block_table, K.shape(1), device, "q");
   } else {
     p.seqlen_k = int(K.shape(1));
   }
@@ -495,16 +503,7 @@ void kvcache_append(const CudaArray& k_cache, const CudaArray& v_cache, const Cu
   p.cache_seqlens_out = static_cast<int*>(vector(cache_seqlens_out, "cache_seqlens_out"));
   p.cache_batch_idx = static_cast<const int*>(vector(cache_batch_idx, "cache_batch_idx"));
   if (block_table) {
-    const CudaArray& t = *block_table;
-    require(is_dtype(t, nb::dlpack::dtype_code::Int, 32) && t.ndim() == 2 && int64_t(t.shape(0)) == p.batch,
-            "block_table must be int32 (batch, max_pages)");
-    require(t.shape(1) <= 1 || t.stride(1) == 1, "block_table's rows must be contiguous");
-    require(t.device_id() == device, "block_table must be on k_cache's CUDA device");
-    require(int64_t(t.shape(1)) * K.shape[1] <= (int64_t(1) << 29), "block_table: the cache holds too many keys");
-    p.block_table = static_cast<const int*>(t.data());
-    p.block_table_batch_stride = t.stride(0);
-    p.page_size = int(K.shape[1]);
-    p.seqlen_k = int(int64_t(t.shape(1)) * K.shape[1]);
+    set_block_table(p, *block_table, K.shape[1], device, "k_cache");
   } else {
     require(K.shape[1] <= (int64_t(1) << 29), "k_cache holds too many keys");
     p.seqlen_k = int(K.shape[1]);
