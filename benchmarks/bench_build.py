@@ -89,6 +89,14 @@ def build_once(archs: str, cores: int, log_dir: Path | None) -> dict[str, str]:
                     wheel_mb=f"{wheel.stat().st_size / 1e6:.1f}", commit=commit())
 
 
+def cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+
+
 def nvcc_version() -> str:
     try:
         out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
@@ -113,7 +121,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w", newline="") as f:
-            meta = dict(nvcc=nvcc_version(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            meta = dict(cpu=cpu_model(), nvcc=nvcc_version(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         cmd=shlex.join([Path(sys.executable).name, *sys.argv]))
             f.write("# " + ", ".join(f"{k}={v}" for k, v in meta.items()) + "\n")
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
