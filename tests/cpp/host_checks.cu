@@ -4,6 +4,9 @@
 // layouts the online softmax and the P·V product rely on, and shared-memory
 // access patterns free of bank conflicts. Layouts are evaluated on the host
 // over a plain array, so every address a thread would touch is computed.
+// The sm90 forward's d256 uniform tile (128 x 80) takes a wgmma shape CuTe
+// declares only under this macro (sm90/fwd_traits.hpp).
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cute/tensor.hpp>
 
 #include <algorithm>
@@ -892,7 +895,7 @@ int main() {
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>>("sm90 fwd d128");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t>>("sm90 fwd d256 fp16");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t, flashtile::sm90::FwdConfig<256, true>>>(
-      "sm90 fwd d256 fp16, uniform tiles");
+      "sm90 fwd d256 fp16, uniform tiles (128 x 80)");
   using flashtile::MaskKind;
   check_block_mask<MaskKind::kNone, 128, 128>("mask 128x128");
   check_block_mask<MaskKind::kCausal, 128, 128>("mask causal 128x128");

@@ -28,8 +28,10 @@ using namespace cute;
 // mask (FlashAttention-3's choice) ran 20 % slower than 128 × 128, and three
 // K/V stages (224 KB) no faster than two.
 // kUniform: the kernel without a mask on fixed lengths (every tile the same
-// work, no tile counter; tile_scheduler.hpp). A 128 × 80 tile for it at d256
-// (no spill) ran 0.76-0.85× the 128 × 64 one (H200, 1k-16k).
+// work, no tile counter; tile_scheduler.hpp). At d256 it takes 80 keys a
+// step: +6-9 % over 64 on the H200 (1k-16k), with no spill at 240
+// registers; the masked and varlen kernels keep 64 (80 spilled 4-100 bytes
+// more there).
 template <int kHeadDim, bool kUniform = false>
 struct FwdConfig {
   // At d64 three consumer warpgroups (192 rows) share each K/V block: the
@@ -39,7 +41,7 @@ struct FwdConfig {
   // +4 % causal from 4k, -7 % causal at 1k. (d32 keeps 128 rows: not
   // measured with 192.)
   static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 96 : 64;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 96 : kUniform ? 80 : 64;
   static constexpr int kStages = 2;
   // Registers a producer thread keeps beside two consumer warpgroups. The
   // tile walk from the device counter (every kernel but the uniform one)
@@ -87,6 +89,16 @@ struct FwdTraits {
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       MmaWarpgroups{}));
+  // One wgmma spans the key block. CuTe's selector offers N other than 8,
+  // 16, 32, 64, 96, 128, 192 and 256 (80: d256's uniform tile) only where
+  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is defined before its headers
+  // (kernels/generate.py writes it into the d256 files; it costs those files
+  // ~20 s of compile time each). Without it the selector splits Sᵀ into
+  // 64 × 16 products, each reading Q's tile from shared memory again:
+  // 0.76-0.85× on the H200.
+  static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN,
+                "this tile needs CuTe's extended wgmma shapes: define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED "
+                "before including any CuTe header");
 
   // The widest swizzle whose atom row the contiguous extent holds whole.
   template <int kContiguous>
