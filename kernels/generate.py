@@ -32,7 +32,7 @@ SM90_FWD_HEAD_DIMS = HEAD_DIMS
 # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (d256's 128 x 80, sm90/fwd_traits.hpp).
 # Defined in their files alone: it adds ~20 s of compile time to a file.
 SM90_FWD_EXTENDED_SHAPES = (256,)
-EXTENDED_SHAPES_PREAMBLE = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // 64 x 80 wgmma (sm90/fwd_traits.hpp)\n"
+EXTENDED_SHAPES_PREAMBLE = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // its tile's wgmma N (sm90/fwd_traits.hpp)\n"
 
 DIRECTIONS = {"fwd": "Fwd", "bwd": "Bwd"}
 # The SM80 path's instantiations for GPUs with less shared memory per block
