@@ -23,10 +23,12 @@ ARCH = "sm80"  # the mma.sync path; runs on sm80 and newer
 # wgmma main kernel that beat the sm80 one on the H200 (benchmarks/NOTES.md,
 # "Backward on wgmma").
 SM90_BWD_HEAD_DIMS = (64, 128, 192, 256)
-# The warp-specialized wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp),
-# plain variant: fwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only, for
-# the head dims whose kernels have passed the GPU suite and the fuzzer on the
-# H200 (benchmarks/NOTES.md, "The SM90 forward, first version").
+# The warp-specialized wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp):
+# fwd_sm90_hdim{d}_{dtype}[_scoremod].cu, compiled for sm90a only, for the
+# head dims whose kernels have passed the GPU suite and the fuzzer on the
+# H200 (benchmarks/NOTES.md, "The SM90 forward, first version"). Its
+# scoremod variant applies softcap and ALiBi; dropout and the testing-only
+# probabilities run the sm80 scoremod kernels.
 SM90_FWD_HEAD_DIMS = HEAD_DIMS
 # The sm90 forwards whose tiles take a wgmma shape CuTe declares only under
 # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (d256's 128 x 80, sm90/fwd_traits.hpp).
@@ -110,8 +112,8 @@ SM90_FWD_TEMPLATE = """\
 namespace flashtile {{
 namespace {{
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
-    {{Direction::kFwd, Arch::kSm90, {hdim}, DType::{dtype_enum}, Variant::kPlain}},
-    &sm90::run_fwd<{hdim}, {cpp_type}>, SmemBudget::k227KB);
+    {{Direction::kFwd, Arch::kSm90, {hdim}, DType::{dtype_enum}, Variant::{variant_enum}}},
+    &sm90::run_fwd<{hdim}, {cpp_type}, {score_mod}>, SmemBudget::k227KB);
 }}  // namespace
 }}  // namespace flashtile
 """
@@ -174,9 +176,11 @@ def kernel_files():
                    KVCACHE_TEMPLATE.format(hdim=hdim, cpp_type=cpp_type, dtype_enum=dtype_enum))
     for hdim in SM90_FWD_HEAD_DIMS:
         for dtype, (cpp_type, dtype_enum) in DTYPES.items():
-            yield (f"fwd_sm90_hdim{hdim}_{dtype}.cu",
-                   SM90_FWD_TEMPLATE.format(hdim=hdim, cpp_type=cpp_type, dtype_enum=dtype_enum,
-                                            preamble=EXTENDED_SHAPES_PREAMBLE if hdim in SM90_FWD_EXTENDED_SHAPES else ""))
+            for suffix, variant_enum, score_mod in VARIANTS.values():
+                preamble = EXTENDED_SHAPES_PREAMBLE if hdim in SM90_FWD_EXTENDED_SHAPES else ""
+                yield (f"fwd_sm90_hdim{hdim}_{dtype}{suffix}.cu",
+                       SM90_FWD_TEMPLATE.format(hdim=hdim, cpp_type=cpp_type, dtype_enum=dtype_enum,
+                                                variant_enum=variant_enum, score_mod=score_mod, preamble=preamble))
     for dtype, (cpp_type, dtype_enum) in DTYPES.items():
         yield f"kvcache_append_{dtype}.cu", KVCACHE_APPEND_TEMPLATE.format(cpp_type=cpp_type, dtype_enum=dtype_enum)
 

@@ -48,11 +48,11 @@ def sm80_kernels_only():
         _C.limit_dispatch_arch("sm90")
 
 
-def sm90_built(direction):
-    """The (head_dim, dtype name) pairs with a plain sm90 (wgmma) kernel of
-    direction "fwd" or "bwd" in this build."""
-    return tuple(sorted({(int(hd), str(dn)) for d, arch, hd, dn, variant in _C.built_kernels()
-                         if d == direction and arch == "sm90" and variant == "plain"}))
+def sm90_built(direction, variant="plain"):
+    """The (head_dim, dtype name) pairs with an sm90 (wgmma) kernel of
+    direction "fwd" or "bwd" and variant "plain" or "scoremod" in this build."""
+    return tuple(sorted({(int(hd), str(dn)) for d, arch, hd, dn, v in _C.built_kernels()
+                         if d == direction and arch == "sm90" and v == variant}))
 
 
 def require_sm90(direction):

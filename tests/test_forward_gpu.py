@@ -399,6 +399,7 @@ def test_torch_compile_dynamic_shapes():
 # --------------------------------------------------------------------------
 
 SM90_FWD_BUILT = sm90_built("fwd")
+SM90_SCOREMOD_FWD_BUILT = sm90_built("fwd", "scoremod")
 SCOREMOD_FWD_BUILT = {(int(hd), str(dn)) for d, arch, hd, dn, variant in _C.built_kernels()
                       if d == "fwd" and variant == "scoremod"}
 
@@ -415,10 +416,11 @@ def forward_kernel_names(q, k, v, **kwargs):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sm90_forward_is_the_kernel_that_runs(causal):
-    """On an sm90 device the plain forward of an sm90-built head dim runs the
-    wgmma kernel; the other tests of this file then check its results there.
-    What it does not take runs the sm80 kernel: softcap (the scoremod
-    variant) and a stride TMA cannot step (K and V expanded over heads)."""
+    """On an sm90 device the forward of an sm90-built head dim runs the wgmma
+    kernel: the plain variant, and the scoremod one for softcap and ALiBi;
+    the other tests of this file and test_score_mod_gpu.py then check their
+    results there. What it does not take runs the sm80 kernel: dropout and a
+    stride TMA cannot step (K and V expanded over heads)."""
     require_sm90_forward()
     for head_dim, name in SM90_FWD_BUILT:
         q, k, v = rand_qkv(1, 200, 300, 4, 2, head_dim, DTYPES[name])
@@ -426,8 +428,14 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
         assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
         check_against_reference(q, k, v, out, lse, causal)
 
-        if (head_dim, name) in SCOREMOD_FWD_BUILT:  # (FLASHTILE_VARIANTS)
-            _, _, names = forward_kernel_names(q, k, v, causal=causal, softcap=30.0)
+        if (head_dim, name) in SM90_SCOREMOD_FWD_BUILT:  # (FLASHTILE_VARIANTS)
+            slopes = torch.rand(4, device="cuda")
+            for mods in (dict(softcap=30.0), dict(alibi_slopes=slopes), dict(softcap=30.0, alibi_slopes=slopes)):
+                _, _, names = forward_kernel_names(q, k, v, causal=causal, **mods)
+                assert any("flashtile::sm90::fwd_kernel" in n for n in names), (mods, names)
+        if (head_dim, name) in SCOREMOD_FWD_BUILT:
+            _, names = cuda_kernel_names(lambda: flashtile.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal))
+            assert any("fwd_kernel" in n for n in names), names
             assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
 
         k1, v1 = k[:, :, :1].expand(-1, -1, 4, -1), v[:, :, :1].expand(-1, -1, 4, -1)  # head stride 0

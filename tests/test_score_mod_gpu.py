@@ -3,7 +3,11 @@ with FlashAttention's error rule: each alone and both together, with no
 mask, causal and a sliding window, seqlen_q above, equal to and below
 seqlen_k, every kernel head dim, fp16 and bf16, GQA, (nheads,) and
 (batch, nheads) slopes in any layout, the deterministic backward, and the
-packed functions."""
+packed functions. On an H100/H200 the forward cases run twice: on the
+dispatch's choice (the wgmma forward's scoremod variant) and on the sm80
+kernels that other GPUs run."""
+
+import contextlib
 
 import pytest
 import torch
@@ -27,6 +31,19 @@ GRAD_ATOL = 1e-4
 def require_built(head_dim, dtype_name):
     if (head_dim, dtype_name) not in BUILT:
         pytest.skip(f"the scoremod kernels for hdim{head_dim}/{dtype_name} are not in this build")
+
+
+# "default": the kernels the dispatch picks on this GPU; "sm80": the mma.sync
+# kernels alone (on an sm90 GPU, the forward other GPUs run).
+DISPATCHES = ["default", "sm80"]
+
+
+def dispatch_limit(dispatch):
+    if dispatch == "default":
+        return contextlib.nullcontext()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the default dispatch of this GPU runs the sm80 kernels already")
+    return sm80_kernels_only()
 
 
 def rand_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, scale=1.0):
@@ -85,21 +102,25 @@ def mod_args(mod, batch, nheads):
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("mod", list(MODS))
-def test_score_mods(mod, dtype_name, mask, seqlen_q, seqlen_k):
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_score_mods(dispatch, mod, dtype_name, mask, seqlen_q, seqlen_k):
     require_built(128, dtype_name)
     # Scores of a few units (q scaled by 3): a softcap of 8 bends them.
     q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 6, 2, 128, DTYPES[dtype_name], scale=3.0 ** 0.5)
     causal, window_size = MASKS[mask]
-    check(q, k, v, causal=causal, window_size=window_size, **mod_args(mod, 2, 6))
+    with dispatch_limit(dispatch):
+        check(q, k, v, causal=causal, window_size=window_size, **mod_args(mod, 2, 6))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", list(_checks.SUPPORTED_HEAD_DIMS))
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_score_mods_every_head_dim(dtype_name, head_dim, causal):
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+def test_score_mods_every_head_dim(dispatch, dtype_name, head_dim, causal):
     require_built(head_dim, dtype_name)
     q, k, v = rand_qkv(2, 333, 517, 8, 2, head_dim, DTYPES[dtype_name], scale=2.0)
-    check(q, k, v, causal=causal, **mod_args("softcap+alibi", 2, 8))
+    with dispatch_limit(dispatch):
+        check(q, k, v, causal=causal, **mod_args("softcap+alibi", 2, 8))
 
 
 def test_softcap_that_binds():

@@ -727,7 +727,8 @@ void check_sm90_fwd_config(const char* config) {
   expect(Traits::kSmemBytes <= kSmemLimitSm90Bytes, config, "fits sm90's shared memory");
 }
 
-// The SM90 forward takes plain attention on strides TMA can step.
+// The SM90 forward takes attention without dropout or the probabilities
+// (softcap and ALiBi in its scoremod variant) on strides TMA can step.
 void check_sm90_fwd_support() {
   const char* config = "sm90 fwd support";
   flashtile::FwdParams p;
@@ -738,7 +739,11 @@ void check_sm90_fwd_support() {
   expect(flashtile::sm90::fwd_supports(p), config, "a contiguous fixed-length batch");
   flashtile::FwdParams q = p;
   q.softcap = 30.f;
-  expect(!flashtile::sm90::fwd_supports(q), config, "softcap runs the sm80 kernels");
+  expect(flashtile::sm90::fwd_supports(q), config, "softcap (the scoremod variant)");
+  q = p, q.dropout_p = 0.1f;
+  expect(!flashtile::sm90::fwd_supports(q), config, "dropout runs the sm80 kernels");
+  q = p, q.attn_probs = reinterpret_cast<void*>(256);
+  expect(!flashtile::sm90::fwd_supports(q), config, "the probabilities run the sm80 kernels");
   q = p, q.k_batch_stride = 0;
   expect(!flashtile::sm90::fwd_supports(q), config, "k expanded along the batch (stride 0)");
   q = p, q.batch = 1, q.k_batch_stride = 0;

@@ -9,6 +9,23 @@
 // score_scale() is softmax_scale, so they compile to what they were before.
 // ScoreMod<true> decides softcap and ALiBi at run time (a uniform branch per
 // tile): one more instantiation per kernel, not three.
+//
+// ScoreMod is also the shape of the SM90 forward's score modifiers
+// (sm90/fwd_launch.hpp's run_fwd_with takes any type with these members):
+//   Arguments                  what the host passes, by value, to the kernel
+//   make(args, params, seq, head)
+//                              the modifier of one tile: (batch, head)'s
+//                              (seq: common/seqlen.hpp's SeqInfo)
+//   score_scale()              what the softmax multiplies the modified
+//                              tile by (softmax_scale for a modifier that
+//                              keeps the raw q·kᵀ units)
+//   apply(acc_s, coords, row0, col0)
+//                              modifies a tile of raw scores whose element
+//                              i sits at query row0 + get<0>(coords(i)) and
+//                              key col0 + get<1>(coords(i)) of the
+//                              sequence; −inf hides a key from a query
+//                              (before causal and window masks, which
+//                              still apply).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -35,6 +52,7 @@ CUTE_DEVICE float alibi_slope(Params const& params, int batch, int head) {
 template <bool kEnabled>
 struct ScoreMod {
   static constexpr bool kIsEnabled = kEnabled;
+  struct Arguments {};  // everything comes from the params
   float softmax_scale;
   float softcap_mul = 0.f;  // softmax_scale / softcap, 0 without softcap
   float softcap = 0.f;
@@ -50,6 +68,13 @@ struct ScoreMod {
       offset = seqlen_k - seqlen_q;
       slope = alibi_slope / score_scale();
     }
+  }
+
+  // The modifiers of params for the tiles of one (batch, head) of sequence seq.
+  template <class Params, class Seq>
+  CUTE_DEVICE static ScoreMod make(Arguments const&, Params const& params, Seq const& seq, int head) {
+    return ScoreMod(params.softmax_scale, params.softcap, seq.seqlen_q, seq.seqlen_k,
+                    kEnabled ? alibi_slope(params, seq.batch, head) : 0.f);
   }
 
   // The same modifiers with another (batch, head)'s ALiBi slope.
@@ -79,6 +104,13 @@ struct ScoreMod {
         for (int i = 0; i < size(acc_s); ++i) acc_s(i) = fast_tanh(acc_s(i) * softcap_mul);
       }
     }
+  }
+
+  // softcap, then ALiBi (the order of every kernel that applies both).
+  template <class Acc, class Coords>
+  CUTE_DEVICE void apply(Acc& acc_s, Coords const& coords, int row0, int col0) const {
+    apply_softcap(acc_s);
+    apply_alibi(acc_s, coords, row0, col0);
   }
 
   // Adds the ALiBi bias to a tile whose element i sits at row0 + coords(i)[0],

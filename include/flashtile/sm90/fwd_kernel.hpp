@@ -4,6 +4,8 @@
 // mainloop (sm90/fwd_mainloop.hpp) and the epilogue (sm90/fwd_epilogue.hpp)
 // on each tile the scheduler (sm90/tile_scheduler.hpp) gives the CTA, the
 // producer loading the next tile's Q, K and V while they finish the last.
+// ScoreModT modifies the scores: ScoreMod<false> not at all, ScoreMod<true>
+// by softcap and ALiBi, or a caller's modifier (common/score_mod.hpp).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -25,16 +27,17 @@ namespace flashtile::sm90 {
 
 using namespace cute;
 
-template <class Traits>
+template <class Traits, class ScoreModT>
 struct FwdKernelParams {
   FwdParams fwd;
   typename FwdMainloop<Traits>::Params mainloop;
   TileScheduler scheduler;
+  typename ScoreModT::Arguments score_mod;
 };
 
-template <class Traits, MaskKind kMask, bool kVarlen>
+template <class Traits, MaskKind kMask, bool kVarlen, class ScoreModT>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    fwd_kernel(const __grid_constant__ FwdKernelParams<Traits> params) {
+    fwd_kernel(const __grid_constant__ FwdKernelParams<Traits, ScoreModT> params) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -132,8 +135,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         continue;
       }
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
-      auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, p.softmax_scale, acc_o,
-                                               mma_tid);
+      const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);
+      auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, score_mod, acc_o, mma_tid);
       Epilogue::store(p, tile, acc_o, lse, mma_tid);
     }
   }

@@ -1,5 +1,5 @@
 // Host launcher of the SM90 forward (sm90/fwd_kernel.hpp) for one (head
-// dim, dtype): the mask kind and fixed-length or varlen pick the
+// dim, dtype, variant): the mask kind and fixed-length or varlen pick the
 // instantiation, the TMA descriptors are built once here.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "flashtile/common/mask.hpp"
+#include "flashtile/common/score_mod.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/device.hpp"
 #include "flashtile/sm90/fwd_kernel.hpp"
@@ -17,11 +18,11 @@
 
 namespace flashtile::sm90 {
 
-template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen>
-Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
+template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen, class ScoreModT>
+Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& score_mod, cudaStream_t stream) {
   constexpr bool uniform_tiles = kMask == MaskKind::kNone && !kVarlen;  // (tile_scheduler.hpp)
   using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles>>;
-  auto* kernel = &fwd_kernel<Traits, kMask, kVarlen>;
+  auto* kernel = &fwd_kernel<Traits, kMask, kVarlen, ScoreModT>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
@@ -31,33 +32,58 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if (scheduler.counter != nullptr && cudaMemsetAsync(scheduler.counter, 0, sizeof(int), stream) != cudaSuccess) {
     return Status::kCudaError;
   }
-  const FwdKernelParams<Traits> kernel_params{params, FwdMainloop<Traits>::to_params(params), scheduler};
+  const FwdKernelParams<Traits, ScoreModT> kernel_params{params, FwdMainloop<Traits>::to_params(params), scheduler,
+                                                         score_mod};
   kernel<<<scheduler.grid(uniform_tiles, multiprocessor_count()), Traits::kNThreads, kSmemBytes, stream>>>(
       kernel_params);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set
 }
 
-// Entry point a generated kernels/fwd_sm90_*.cu file instantiates and
-// registers (plain variant). Assumes can_implement_fwd(params) passed and
-// fwd_supports(params) (flashtile::fwd asks it before choosing this path).
-template <int kHeadDim, class Element>
-Status run_fwd(const FwdParams& params, cudaStream_t stream) {
-  if (!device_is_sm90()) return Status::kUnsupportedDevice;
-  if (!fwd_supports(params)) return Status::kInvalidArgument;
-  FwdParams p = params;  // with causal folded into the window
+// The instantiation for params' mask kind and batch form (causal folded
+// into the window).
+template <int kHeadDim, class Element, class ScoreModT>
+Status launch_fwd_for_mask(const FwdParams& params, typename ScoreModT::Arguments const& score_mod,
+                           cudaStream_t stream) {
+  FwdParams p = params;
   const MaskKind mask = resolve_mask(p.causal, p.window_left, p.window_right);
   auto launch = [&](auto varlen) {
     constexpr bool kVarlen = decltype(varlen)::value;
     switch (mask) {
       case MaskKind::kNone:
-        return launch_fwd<kHeadDim, Element, MaskKind::kNone, kVarlen>(p, stream);
+        return launch_fwd<kHeadDim, Element, MaskKind::kNone, kVarlen, ScoreModT>(p, score_mod, stream);
       case MaskKind::kCausal:
-        return launch_fwd<kHeadDim, Element, MaskKind::kCausal, kVarlen>(p, stream);
+        return launch_fwd<kHeadDim, Element, MaskKind::kCausal, kVarlen, ScoreModT>(p, score_mod, stream);
       default:
-        return launch_fwd<kHeadDim, Element, MaskKind::kLocal, kVarlen>(p, stream);
+        return launch_fwd<kHeadDim, Element, MaskKind::kLocal, kVarlen, ScoreModT>(p, score_mod, stream);
     }
   };
   return is_varlen(p) ? launch(std::true_type{}) : launch(std::false_type{});
+}
+
+// Entry point a generated kernels/fwd_sm90_*.cu file instantiates and
+// registers: the plain variant, or with kScoreMod the one that applies
+// softcap and ALiBi. Assumes can_implement_fwd(params) passed and
+// fwd_supports(params) (flashtile::fwd asks it before choosing this path).
+template <int kHeadDim, class Element, bool kScoreMod = false>
+Status run_fwd(const FwdParams& params, cudaStream_t stream) {
+  if (!device_is_sm90()) return Status::kUnsupportedDevice;
+  if (!fwd_supports(params) || (!kScoreMod && uses_score_mod(params))) return Status::kInvalidArgument;
+  return launch_fwd_for_mask<kHeadDim, Element, ScoreMod<kScoreMod>>(params, {}, stream);
+}
+
+// The forward with a caller's score modifier in place of softcap and
+// ALiBi: any type with ScoreMod's members (common/score_mod.hpp), applied
+// to every tile before params' causal or window mask; for example a
+// prefix-LM or document mask that writes −inf (examples/cpp/prefix_lm.cu).
+// params ask for no softcap, ALiBi, dropout or attn_probs
+// (kInvalidArgument otherwise); can_implement_fwd(params) must pass. Every
+// key block params' mask leaves is visited, so a modifier that hides whole
+// blocks still pays for them.
+template <int kHeadDim, class Element, class ScoreModT>
+Status run_fwd_with(const FwdParams& params, typename ScoreModT::Arguments const& score_mod, cudaStream_t stream) {
+  if (!device_is_sm90()) return Status::kUnsupportedDevice;
+  if (!fwd_supports(params) || uses_score_mod(params)) return Status::kInvalidArgument;
+  return launch_fwd_for_mask<kHeadDim, Element, ScoreModT>(params, score_mod, stream);
 }
 
 }  // namespace flashtile::sm90

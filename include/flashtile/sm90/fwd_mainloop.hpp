@@ -7,8 +7,10 @@
 //           first,
 //             S_j = Q·K_jᵀ (wgmma, SS), then O += P_{j+1}·V_{j+1} (wgmma,
 //               RS: the block before's probabilities from registers)
-//             once S_j is done: release K's stage; mask (tiles on a
-//               boundary only); the online softmax's exponentials
+//             once S_j is done: release K's stage; the score modifier
+//               (softcap and ALiBi, or a caller's: common/score_mod.hpp);
+//               mask (tiles on a boundary only); the online softmax's
+//               exponentials
 //             once the product is done: release V's stage, rescale O,
 //               P_j = S_j converted in registers
 //           then the last block's product, and return the row logsumexp.
@@ -216,11 +218,13 @@ struct FwdMainloop {
   }
 
   // The consumers (kMmaThreads, thread index mma_tid): O and the row
-  // logsumexps of the tile into acc_o and the returned fragment.
-  template <MaskKind kMask, class SharedStorage, class AccO>
+  // logsumexps of the tile into acc_o and the returned fragment. score_mod:
+  // the tile's score modifier (common/score_mod.hpp), which also gives the
+  // softmax's scale.
+  template <MaskKind kMask, class SharedStorage, class ScoreModT, class AccO>
   CUTE_DEVICE static auto mma(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
-                              FwdTile<kMask, kBlockM, kBlockN> const& tile, float softmax_scale, AccO& acc_o,
+                              FwdTile<kMask, kBlockM, kBlockN> const& tile, ScoreModT const& score_mod, AccO& acc_o,
                               int mma_tid) {
     using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
@@ -237,7 +241,7 @@ struct FwdMainloop {
     Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(ShapeS{}));  // (MMA, MMA_M, MMA_N) -> (row, col)
 
     constexpr int kRowsPerThread = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
-    OnlineSoftmax<kRowsPerThread> softmax(softmax_scale * float(M_LOG2E));
+    OnlineSoftmax<kRowsPerThread> softmax(score_mod.score_scale() * float(M_LOG2E));
     clear(acc_o);
     Tensor acc_o_rowcol = rowcol_view(acc_o);  // (rows, head-dim cols)
 
@@ -249,7 +253,10 @@ struct FwdMainloop {
     Tensor tOrP = make_tensor<Element>(acc_to_rs_operand_a_layout(
         partition_fragment_C(tiled_mma_qk, ShapeS{}).layout()));
     auto set_probabilities = [&](auto const& acc_s) { convert_fragment_into(acc_s, tOrP); };
-    auto mask_if = [&](auto& acc_s, int n_block, auto masked) {
+    // The scores of key block n_block as the softmax takes them: modified
+    // (every block), then masked (masked blocks on a boundary only).
+    auto modify_and_mask = [&](auto& acc_s, int n_block, auto masked) {
+      score_mod.apply(acc_s, tScS, tile.m_block * kBlockM, n_block * kBlockN);
       if constexpr (decltype(masked)::value) {
         if (tile.mask.needs_mask(tile.m_block, n_block)) tile.mask.apply(acc_s, tScS, tile.m_block, n_block);
       }
@@ -267,7 +274,7 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);  // its reads stay after the wait
       pipeline_k.consumer_release(read);
-      mask_if(acc_s, n_block, cute::true_type{});
+      modify_and_mask(acc_s, n_block, cute::true_type{});
       Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
       softmax.to_probabilities(scores);   // O is zero: nothing to rescale
       set_probabilities(acc_s);
@@ -291,7 +298,7 @@ struct FwdMainloop {
       warpgroup_wait<1>();  // S (committed first) done; P·V may still run
       warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(read);
-      mask_if(acc_s, n_block, masked);
+      modify_and_mask(acc_s, n_block, masked);
       Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
       const auto factors = softmax.to_probabilities(scores);
       warpgroup_wait<0>();  // P·V done: O and P's registers are free
@@ -337,7 +344,7 @@ struct FwdMainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     pipeline_v.consumer_release(read_v);
-    return softmax.finalize(acc_o_rowcol, softmax_scale);
+    return softmax.finalize(acc_o_rowcol, score_mod.score_scale());
   }
 };
 

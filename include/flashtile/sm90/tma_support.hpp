@@ -1,6 +1,7 @@
-// Which forwards and backwards the SM90 TMA kernels take: plain attention
-// (softcap, ALiBi, dropout and the testing-only probabilities run the SM80
-// kernels) on tensors that TMA can describe. A TMA descriptor needs every
+// Which forwards and backwards the SM90 TMA kernels take: the forward
+// without dropout and the testing-only probabilities (its scoremod variant
+// applies softcap and ALiBi), the backward plain attention (softcap, ALiBi
+// and dropout run the SM80 kernels), on tensors that TMA can describe. A TMA descriptor needs every
 // stride it steps to be a positive multiple of 16 bytes below 2^40 bytes; a mode of
 // extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
@@ -37,7 +38,9 @@ bool tma_qkv_ok(const Params& p) {
          tma_tensor_ok(p.v_row_stride, p.v_head_stride, p.v_batch_stride, rows_k, p.nheads_k, batch);
 }
 
-inline bool fwd_supports(const FwdParams& p) { return !uses_score_mod(p) && tma_qkv_ok(p); }
+inline bool fwd_supports(const FwdParams& p) {
+  return p.dropout_p == 0.f && p.attn_probs == nullptr && tma_qkv_ok(p);
+}
 
 // The warp-specialized backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k
 // and v through TMA; the other tensors with plain loads and stores.
