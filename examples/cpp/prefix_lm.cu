@@ -24,6 +24,8 @@ struct PrefixLM {
   __device__ float score_scale() const { return softmax_scale; }  // scores stay q·kᵀ
   template <class Acc, class Coords>
   __device__ void apply(Acc& acc_s, Coords const& coords, int row0, int col0) const {
+    // Unrolled: the fragment lives in registers only if every index is a constant.
+    CUTE_UNROLL
     for (int i = 0; i < cute::size(acc_s); ++i) {
       const int row = row0 + cute::get<0>(coords(i));
       const int col = col0 + cute::get<1>(coords(i));

@@ -1,9 +1,9 @@
 // Which forwards and backwards the SM90 TMA kernels take: the forward
 // without dropout and the testing-only probabilities (its scoremod variant
 // applies softcap and ALiBi), the backward plain attention (softcap, ALiBi
-// and dropout run the SM80 kernels), on tensors that TMA can describe. A TMA descriptor needs every
-// stride it steps to be a positive multiple of 16 bytes below 2^40 bytes; a mode of
-// extent 1 is never stepped, so its stride does not matter (to_params gives
+// and dropout run the SM80 kernels), on tensors that TMA can describe. A
+// TMA descriptor needs every stride it steps to be a positive multiple of 16
+// bytes below 2^40 bytes; a mode of extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
 // batch) and larger strides run kernels without TMA: the SM80 forward and
 // backward, or d192's wgmma backward (sm90/bwd_kernel.hpp).
