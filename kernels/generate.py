@@ -130,7 +130,8 @@ KVCACHE_TEMPLATE = """\
 namespace flashtile {{
 namespace {{
 [[maybe_unused]] const bool kRegistered = KvCacheRegistry::instance().add(
-    {hdim}, DType::{dtype_enum}, &sm80::run_kvcache<{hdim}, {cpp_type}>);
+    {hdim}, DType::{dtype_enum}, &sm80::run_kvcache<{hdim}, {cpp_type}>,
+    sm80::kvcache_deep_smem_bytes<{hdim}, {cpp_type}>());
 }}  // namespace
 }}  // namespace flashtile
 """

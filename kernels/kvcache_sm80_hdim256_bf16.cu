@@ -5,6 +5,7 @@
 namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KvCacheRegistry::instance().add(
-    256, DType::kBf16, &sm80::run_kvcache<256, cutlass::bfloat16_t>);
+    256, DType::kBf16, &sm80::run_kvcache<256, cutlass::bfloat16_t>,
+    sm80::kvcache_deep_smem_bytes<256, cutlass::bfloat16_t>());
 }  // namespace
 }  // namespace flashtile

@@ -5,6 +5,7 @@
 namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KvCacheRegistry::instance().add(
-    64, DType::kFp16, &sm80::run_kvcache<64, cutlass::half_t>);
+    64, DType::kFp16, &sm80::run_kvcache<64, cutlass::half_t>,
+    sm80::kvcache_deep_smem_bytes<64, cutlass::half_t>());
 }  // namespace
 }  // namespace flashtile

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -305,6 +306,41 @@ def test_kvcache_kernel_more_splits_than_key_blocks():
     out, lse = flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=128,
                                                  return_softmax_lse=True)
     check_against_reference(q, k, v, out, lse, [130, 7])
+
+
+def kvcache_pipeline_of(names):
+    """(stages of the KV-cache kernel among `names`, whether the combine
+    kernel ran)."""
+    stages = None
+    for name in names:
+        found = (re.search(r"KvCacheTraits<\d+, [^,<>]+, (\d+)>", name)
+                 or re.search(r"KvCacheTraitsILi\d+EN7cutlass\d+\w+?_tELi(\d+)E", name))
+        if "kvcache_kernel" in name and found:
+            stages = int(found[1])
+    assert stages is not None, names
+    return stages, any("kvcache_combine_kernel" in n for n in names)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 3])
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 16, 17, 40])
+def test_kvcache_kernel_epilogues_and_pipelines(num_splits, seqlen_q):
+    """Both ways the d128 kernel ends and both its pipelines: one split
+    writes O, more leave partials for the combine kernel; a split of at most
+    16 key blocks takes the 3-stage pipeline where the GPU gives a CTA
+    100 KB of shared memory."""
+    if (128, "bf16") not in BUILT_KVCACHE:
+        pytest.skip("the d128 bf16 KV-cache kernel is not built")
+    dtype, d, capacity = torch.bfloat16, 128, 4096
+    q = torch.randn(2, seqlen_q, 16, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, capacity, 4, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, capacity, 4, d, device="cuda", dtype=dtype)
+    seqlens = torch.tensor([3001, 17], dtype=torch.int32, device="cuda")
+    (out, lse), names = cuda_kernel_names(lambda: flashtile.flash_attn_with_kvcache(
+        q, k, v, cache_seqlens=seqlens, causal=True, num_splits=num_splits, return_softmax_lse=True))
+    check_against_reference(q, k, v, out, lse, [3001, 17], causal=True)
+    props = torch.cuda.get_device_properties(q.device)
+    deep = -(-capacity // 64 // num_splits) <= 16 and props.shared_memory_per_block_optin >= 100 * 1024
+    assert kvcache_pipeline_of(names) == (3 if deep else 2, num_splits > 1), names
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

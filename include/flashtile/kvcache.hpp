@@ -17,40 +17,58 @@
 
 namespace flashtile {
 
-// Split count for params' shapes on a GPU with sm_count SMs. Without a
-// split, a CTA takes 16 packed query rows of one (batch, KV head); decoding
-// has few of those and must still keep every SM reading. The time is
-// modelled as waves × (key blocks a CTA + 2, its prologue and epilogue): a
-// wave is 2 · sm_count CTAs (two an SM at head dim 128, by registers), a
-// split gets ceil(blocks / splits) 64-key blocks of the longest sequence
-// the cache holds (params.seqlen_k: the device's actual lengths are never
-// read here), at least two. The fewest splits of least modelled time win:
-// more only add partials to combine. Measured on the H200 (kernel time, batch 1, 32 query heads on 8
-// KV heads): 4k keys, 31 splits (3 blocks for some) 10.0 µs, 32 splits (2
-// each) 8.6 µs; batch 8, 16k keys, 5 splits (1.2 waves) 180 µs, 4 (one)
-// 124 µs.
-inline int pick_kvcache_splits(const KvCacheParams& p, int sm_count) {
+// Split count for params' shapes on a GPU with sm_count SMs, deep_fits
+// saying whether the head dim's deeper pipeline runs there
+// (kvcache_params.hpp). Without a split, a CTA takes 16 packed query rows
+// of one (batch, KV head); decoding has few of those and must still keep
+// HBM busy. A split streams ceil(blocks / splits) 64-key blocks of the
+// longest sequence the cache holds (params.seqlen_k: the device's actual
+// lengths are never read here). The model, per SM: its CTAs run two at a
+// time (registers, at head dim 128); each keeps one key block in flight,
+// the deeper pipeline two, and two blocks in flight an SM keep HBM as busy
+// as it gets, so an SM's time is its blocks over its blocks in flight,
+// plus a prologue and epilogue (two blocks' time) for each pair of CTAs.
+// A count is taken only where it models 10 % faster than the fewer splits
+// already chosen: each split adds a partial to write and combine, which
+// the model leaves out. Measured on the H200 (batch x keys, d128, 32 query
+// heads on 8 KV heads, µs in a CUDA graph): 1 x 4k 16 splits 16.8, 32
+// splits 18.3; 1 x 16k 16 splits 32.0, 32 splits 33.5; 8 x 1k 2 splits
+// 21.7, 4 splits 22.4; 8 x 4k 4 splits (deep) 50.0, 3 (not) 53.0, 2 (not)
+// 57.6; 64 x 128k 1 split 7648, 17 splits (modelled 1 % faster) 7792.
+inline int pick_kvcache_splits(const KvCacheParams& p, int sm_count, bool deep_fits = false) {
   const int group = p.nheads / p.nheads_k;
   const int64_t ctas = int64_t((int64_t(p.seqlen_q) * group + 15) / 16) * p.nheads_k * p.batch;
-  const int64_t wave = 2 * int64_t(std::max(sm_count, 1));
-  if (ctas >= 4 * wave) return 1;  // the last wave is a small part of the time
-  const int64_t blocks = std::max<int64_t>(1, (int64_t(p.seqlen_k) + 63) / 64);
-  const int most = int(std::min<int64_t>(kMaxKvCacheSplits, std::max<int64_t>(1, blocks / 2)));
+  const int64_t sms = std::max(sm_count, 1);
+  if (ctas >= 8 * sms) return 1;  // four pairs of CTAs an SM or more: the last is a small part of the time
+  const int64_t blocks = kvcache_blocks_per_split(p, 1);
+  const int most = int(std::min<int64_t>(kMaxKvCacheSplits, blocks));
   int best = 1;
   int64_t best_time = -1;
   for (int s = 1; s <= most; ++s) {
-    const int64_t per_split = (blocks + s - 1) / s;
+    const int64_t per_split = kvcache_blocks_per_split(p, s);
     const int64_t busy = (blocks + per_split - 1) / per_split;  // splits with blocks
-    const int64_t time = (ctas * busy + wave - 1) / wave * (per_split + 2);
-    if (best_time < 0 || time < best_time) best = s, best_time = time;
+    const int64_t per_sm = (ctas * busy + sms - 1) / sms;        // CTAs an SM runs
+    const int64_t in_flight = std::min<int64_t>(2, std::min<int64_t>(per_sm, 2) *
+                                                       (kvcache_takes_deep_pipeline(per_split, deep_fits) ? 2 : 1));
+    // In half-block units: blocks x 2 / in_flight, 4 a pair of CTAs.
+    const int64_t time = per_sm * per_split * (2 / in_flight) + 4 * ((per_sm + 1) / 2);
+    if (best_time < 0 || 10 * time < 9 * best_time) best = s, best_time = time;
   }
   return best;
+}
+
+// Whether the kernels registered for params' head dim and dtype have a
+// deeper pipeline that fits the current GPU.
+inline bool kvcache_deep_fits(const KvCacheParams& p) {
+  const KvCacheRegistry::Entry* entry = KvCacheRegistry::instance().find_entry(p.head_dim, p.dtype);
+  return entry != nullptr && kvcache_deep_fits(entry->deep_smem_bytes);
 }
 
 // params.num_splits, or the choice for the current GPU when it is 0.
 inline int resolve_kvcache_splits(const KvCacheParams& p) {
   if (p.num_splits > 0) return p.num_splits;
-  return pick_kvcache_splits(p, std::max(1, sm90::multiprocessor_count()));  // (a query that works on any GPU)
+  return pick_kvcache_splits(p, std::max(1, sm90::multiprocessor_count()),  // (a query that works on any GPU)
+                             kvcache_deep_fits(p));
 }
 
 // Bytes of workspace kvcache() needs for params (0 without a split).

@@ -4,8 +4,11 @@
 // params.hpp.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
+#include "flashtile/device_attribute.hpp"
 #include "flashtile/params.hpp"
 
 namespace flashtile {
@@ -146,5 +149,38 @@ struct KvCacheWorkspace {
     return static_cast<float*>(workspace) + lse_floats(num_splits);
   }
 };
+
+// The split planner counts key blocks of this many keys (the d128 kernel's).
+inline constexpr int kKvCacheBlockKeys = 64;
+
+// Key blocks a split of params' longest sequence (seqlen_k) streams when
+// its keys are cut into `splits`.
+inline int64_t kvcache_blocks_per_split(KvCacheParams const& p, int splits) {
+  const int64_t blocks = (int64_t(p.seqlen_k) + kKvCacheBlockKeys - 1) / kKvCacheBlockKeys;
+  return (blocks + splits - 1) / splits;
+}
+
+// A head dim may have a deeper pipeline (sm80/kvcache_traits.hpp,
+// kDeepStages): two key blocks in flight a CTA instead of one, in more
+// shared memory than 99 KB. It pays where a CTA streams few blocks, its
+// first load's latency a large part of its time, and loses 1-3 % on long
+// streams: H200, d128, µs, 2 stages → 3 (the split counts of each row
+// alike): batch 256 x 1k 287.8 → 272.9, batch 8 x 1k (2 splits, 8 blocks)
+// 24.8 → 21.9, batch 1 x 16k (16 splits, 16 blocks) 38.0 → 32.0; batch
+// 64 x 4k (64 blocks) 256.2 → 260.8, 64 x 64k 3804 → 3893.
+inline constexpr int64_t kKvCacheDeepMaxBlocks = 16;
+
+// Whether a split of blocks_per_split key blocks runs the deeper pipeline,
+// given whether the head dim has one that fits the GPU.
+inline bool kvcache_takes_deep_pipeline(int64_t blocks_per_split, bool deep_fits) {
+  return deep_fits && blocks_per_split <= kKvCacheDeepMaxBlocks;
+}
+
+// Whether the current GPU gives a CTA deep_smem_bytes of shared memory
+// (0: the head dim has no deeper pipeline).
+inline bool kvcache_deep_fits(int deep_smem_bytes) {
+  return deep_smem_bytes > 0 &&
+         cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>() >= deep_smem_bytes;
+}
 
 }  // namespace flashtile

@@ -19,21 +19,35 @@ using KvAppendLauncher = Status (*)(const KvAppendParams&, cudaStream_t);
 
 class KvCacheRegistry {
  public:
+  struct Entry {
+    int head_dim;
+    DType dtype;
+    KvCacheLauncher launch;
+    int deep_smem_bytes;
+  };
+
   static KvCacheRegistry& instance() {
     static KvCacheRegistry registry;
     return registry;
   }
 
-  bool add(int head_dim, DType dtype, KvCacheLauncher launch) {
-    entries_.push_back({head_dim, dtype, launch});
+  // deep_smem_bytes: the shared memory of the kernel's deeper pipeline, 0
+  // when it has none (kvcache_params.hpp, kvcache_deep_fits).
+  bool add(int head_dim, DType dtype, KvCacheLauncher launch, int deep_smem_bytes) {
+    entries_.push_back({head_dim, dtype, launch, deep_smem_bytes});
     return true;
   }
 
-  KvCacheLauncher find(int head_dim, DType dtype) const {
+  const Entry* find_entry(int head_dim, DType dtype) const {
     for (const Entry& e : entries_) {
-      if (e.head_dim == head_dim && e.dtype == dtype) return e.launch;
+      if (e.head_dim == head_dim && e.dtype == dtype) return &e;
     }
     return nullptr;
+  }
+
+  KvCacheLauncher find(int head_dim, DType dtype) const {
+    const Entry* e = find_entry(head_dim, dtype);
+    return e != nullptr ? e->launch : nullptr;
   }
 
   // The append kernel (sm80/kvcache_append_kernel.hpp), one per dtype:
@@ -50,11 +64,6 @@ class KvCacheRegistry {
     return nullptr;
   }
 
-  struct Entry {
-    int head_dim;
-    DType dtype;
-    KvCacheLauncher launch;
-  };
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:

@@ -1,5 +1,6 @@
 // Host launcher of the KV-cache kernels for one (head dim, dtype): the
-// split-KV kernel, then, with more than one split, the combine kernel.
+// split-KV kernel at the pipeline depth params' shapes take, then, with
+// more than one split, the combine kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,11 +12,10 @@
 
 namespace flashtile::sm80 {
 
-// Entry point a generated kernels/kvcache_*.cu file instantiates and
-// registers. Assumes can_implement_kvcache(params) passed.
-template <int kHeadDim, class Element>
-Status run_kvcache(const KvCacheParams& params, cudaStream_t stream) {
-  using Traits = KvCacheTraits<kHeadDim, Element>;
+template <class Traits>
+Status launch_kvcache(const KvCacheParams& params, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
   auto* kernel = &kvcache_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if constexpr (kSmemBytes > 48 * 1024) {
@@ -33,6 +33,34 @@ Status run_kvcache(const KvCacheParams& params, cudaStream_t stream) {
     if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
   }
   return Status::kSuccess;
+}
+
+// Shared memory of the deeper pipeline of (kHeadDim, Element), 0 where the
+// head dim has none: what a kernels/kvcache_*.cu file registers beside its
+// launcher, for the split planner.
+template <int kHeadDim, class Element>
+constexpr int kvcache_deep_smem_bytes() {
+  using Config = KvCacheConfig<kHeadDim>;
+  if constexpr (Config::kDeepStages == Config::kStages) {
+    return 0;
+  } else {
+    return KvCacheTraits<kHeadDim, Element, Config::kDeepStages>::kSmemBytes;
+  }
+}
+
+// Entry point a generated kernels/kvcache_*.cu file instantiates and
+// registers. Assumes can_implement_kvcache(params) passed and
+// params.num_splits resolved.
+template <int kHeadDim, class Element>
+Status run_kvcache(const KvCacheParams& params, cudaStream_t stream) {
+  using Config = KvCacheConfig<kHeadDim>;
+  if constexpr (Config::kDeepStages != Config::kStages) {
+    const bool deep_fits = kvcache_deep_fits(kvcache_deep_smem_bytes<kHeadDim, Element>());
+    if (kvcache_takes_deep_pipeline(kvcache_blocks_per_split(params, params.num_splits), deep_fits)) {
+      return launch_kvcache<KvCacheTraits<kHeadDim, Element, Config::kDeepStages>>(params, stream);
+    }
+  }
+  return launch_kvcache<KvCacheTraits<kHeadDim, Element>>(params, stream);
 }
 
 }  // namespace flashtile::sm80

@@ -19,15 +19,18 @@ using namespace cute;
 // Per head dim: warps, how many warps share a key group (each holding its
 // own columns of O), and pipeline stages. Every configuration fits 99 KB of
 // shared memory (sm86, sm89, sm120), so one instantiation runs on every
-// GPU; a stage is one key block of K and V, 16-32 KB.
+// GPU; a stage is one key block of K and V, 16-32 KB. kDeepStages, where it
+// differs, is a deeper pipeline for GPUs with more shared memory, run where
+// a CTA streams few key blocks (kvcache_params.hpp, kKvCacheDeepMaxBlocks).
 template <int kHeadDim>
 struct KvCacheConfig {
   static constexpr int kNWarps = 4, kOSplit = 1,
                        kStages = kHeadDim <= 32 ? 6 : kHeadDim <= 64 ? 4 : kHeadDim <= 96 ? 3 : 2;
+  static constexpr int kDeepStages = kHeadDim == 128 ? 3 : kStages;
 };
 template <>
 struct KvCacheConfig<192> {
-  static constexpr int kNWarps = 2, kOSplit = 1, kStages = 3;
+  static constexpr int kNWarps = 2, kOSplit = 1, kStages = 3, kDeepStages = 3;
 };
 // d256: a warp holding all of O (128 floats a thread) spilled 24 B for
 // sm_86 (nvcc 13.0) however Q, K and V were sliced; two warps a key group,
@@ -35,17 +38,19 @@ struct KvCacheConfig<192> {
 // scores: decoding waits on memory, not on that product.
 template <>
 struct KvCacheConfig<256> {
-  static constexpr int kNWarps = 4, kOSplit = 2, kStages = 2;
+  static constexpr int kNWarps = 4, kOSplit = 2, kStages = 2, kDeepStages = 2;
 };
 
-template <int kHeadDim_, class Element_>
+// kStages_: KvCacheConfig's kStages or kDeepStages.
+template <int kHeadDim_, class Element_, int kStages_ = KvCacheConfig<kHeadDim_>::kStages>
 struct KvCacheTraits {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarps = KvCacheConfig<kHeadDim>::kNWarps;
   static constexpr int kOSplit = KvCacheConfig<kHeadDim>::kOSplit;
-  static constexpr int kStages = KvCacheConfig<kHeadDim>::kStages;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kDeep = kStages != KvCacheConfig<kHeadDim>::kStages;
   static constexpr int kNThreads = 32 * kNWarps;
   // Warp w takes key group w / kOSplit and O's columns part w % kOSplit.
   static constexpr int kKeyGroups = kNWarps / kOSplit;
@@ -90,7 +95,8 @@ struct KvCacheTraits {
   static constexpr int kSmemMergeBytes = kKeyGroups * kBlockM * (kHeadDim + 2) * 4;
   static_assert(kSmemMergeBytes <= kSmemPipelineBytes);
   static constexpr int kSmemBytes = kSmemQBytes + kSmemPipelineBytes;
-  static_assert(kSmemBytes <= 99 * 1024, "runs on every GPU from sm80 up");
+  static_assert(kDeep || kSmemBytes <= 99 * 1024, "runs on every GPU from sm80 up");
+  static_assert(kSmemBytes <= 227 * 1024, "fits an sm90 CTA");
 };
 
 }  // namespace flashtile::sm80
