@@ -49,7 +49,7 @@ inline int pick_kvcache_splits(const KvCacheParams& p, int sm_count, bool deep_f
     const int64_t busy = (blocks + per_split - 1) / per_split;  // splits with blocks
     const int64_t per_sm = (ctas * busy + sms - 1) / sms;        // CTAs an SM runs
     const int64_t in_flight = std::min<int64_t>(2, std::min<int64_t>(per_sm, 2) *
-                                                       (kvcache_takes_deep_pipeline(per_split, deep_fits) ? 2 : 1));
+                                                       (kvcache_takes_deep_pipeline(p, s, deep_fits) ? 2 : 1));
     // In half-block units: blocks x 2 / in_flight, 4 a pair of CTAs.
     const int64_t time = per_sm * per_split * (2 / in_flight) + 4 * ((per_sm + 1) / 2);
     if (best_time < 0 || 10 * time < 9 * best_time) best = s, best_time = time;

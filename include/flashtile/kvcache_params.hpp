@@ -164,16 +164,22 @@ inline int64_t kvcache_blocks_per_split(KvCacheParams const& p, int splits) {
 // kDeepStages): two key blocks in flight a CTA instead of one, in more
 // shared memory than 99 KB. It pays where a CTA streams few blocks, its
 // first load's latency a large part of its time, and loses 1-3 % on long
-// streams: H200, d128, µs, 2 stages → 3 (the split counts of each row
-// alike): batch 256 x 1k 287.8 → 272.9, batch 8 x 1k (2 splits, 8 blocks)
-// 24.8 → 21.9, batch 1 x 16k (16 splits, 16 blocks) 38.0 → 32.0; batch
-// 64 x 4k (64 blocks) 256.2 → 260.8, 64 x 64k 3804 → 3893.
+// streams. H200, d128, µs, 2 stages → 3 at the same split counts, one
+// process: batch 8 x 1k (2 splits, 8 blocks each) 24.8 → 21.9, batch 1 x
+// 16k (16 splits, 16 blocks) 38.0 → 32.0, batch 256 x 1k within ±2 %;
+// batch 64 x 4k (64 blocks) 256.2 → 260.8, 64 x 64k 3804 → 3893.
 inline constexpr int64_t kKvCacheDeepMaxBlocks = 16;
 
-// Whether a split of blocks_per_split key blocks runs the deeper pipeline,
-// given whether the head dim has one that fits the GPU.
-inline bool kvcache_takes_deep_pipeline(int64_t blocks_per_split, bool deep_fits) {
-  return deep_fits && blocks_per_split <= kKvCacheDeepMaxBlocks;
+// Whether params' kernels run the deeper pipeline with `splits` splits,
+// given whether the head dim has one that fits the GPU: splits of at most
+// kKvCacheDeepMaxBlocks blocks, of a dense cache or pages of a block or
+// more. With smaller pages a block's rows need several block_table reads,
+// looked up one block ahead, which the deeper pipeline leaves less time
+// for: batch 1 x 16k, 16-token pages, 16 deep splits 37.3 µs against 32
+// shallow ones 34.6 (the dense cache: 32.0 against 33.4).
+inline bool kvcache_takes_deep_pipeline(KvCacheParams const& p, int splits, bool deep_fits) {
+  return deep_fits && kvcache_blocks_per_split(p, splits) <= kKvCacheDeepMaxBlocks &&
+         (p.block_table == nullptr || p.page_size >= kKvCacheBlockKeys);
 }
 
 // Whether the current GPU gives a CTA deep_smem_bytes of shared memory

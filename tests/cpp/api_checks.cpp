@@ -297,16 +297,23 @@ int main() {
   many.batch = 4096;
   expect(flashtile::pick_kvcache_splits(many, 132) == 1, "a long batch does not split");
   // The H200 sweep's choices (kvcache.hpp): one decode sequence, 16k keys,
-  // 32 query heads on 8 KV heads.
+  // 32 query heads on 8 KV heads, dense and in 16-token pages.
   Kv decode = valid_kvcache();
   decode.batch = 1, decode.nheads = 32, decode.nheads_k = 8, decode.seqlen_k = 16384;
+  decode.block_table = nullptr;
   expect(flashtile::pick_kvcache_splits(decode, 132, true) == 16, "16 splits of 16 blocks with the deeper pipeline");
   expect(flashtile::pick_kvcache_splits(decode, 132, false) == 32, "32 splits of 8 blocks without it");
+  expect(flashtile::kvcache_takes_deep_pipeline(decode, 16, true) && !flashtile::kvcache_takes_deep_pipeline(decode, 15, true) &&
+             !flashtile::kvcache_takes_deep_pipeline(decode, 16, false),
+         "the deeper pipeline for splits of at most 16 blocks where it fits");
+  Kv paged = decode;
+  paged.block_table = static_cast<const int*>(fake_pointer(0x60000));
+  expect(!flashtile::kvcache_takes_deep_pipeline(paged, 16, true), "not with 16-token pages");
+  expect(flashtile::pick_kvcache_splits(paged, 132, true) == 32, "16-token pages split as without it");
+  paged.page_size = 64;
+  expect(flashtile::kvcache_takes_deep_pipeline(paged, 16, true), "pages of a block take it");
   decode.batch = 64, decode.seqlen_k = 131072;
   expect(flashtile::pick_kvcache_splits(decode, 132, true) == 1, "no split for a 1 % modelled gain");
-  expect(flashtile::kvcache_takes_deep_pipeline(16, true) && !flashtile::kvcache_takes_deep_pipeline(17, true) &&
-             !flashtile::kvcache_takes_deep_pipeline(1, false),
-         "the deeper pipeline for splits of at most 16 blocks where it fits");
   Kv split = valid_kvcache();
   split.num_splits = 4;
   expect(flashtile::kvcache_workspace_bytes(split) ==

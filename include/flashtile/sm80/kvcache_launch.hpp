@@ -56,7 +56,7 @@ Status run_kvcache(const KvCacheParams& params, cudaStream_t stream) {
   using Config = KvCacheConfig<kHeadDim>;
   if constexpr (Config::kDeepStages != Config::kStages) {
     const bool deep_fits = kvcache_deep_fits(kvcache_deep_smem_bytes<kHeadDim, Element>());
-    if (kvcache_takes_deep_pipeline(kvcache_blocks_per_split(params, params.num_splits), deep_fits)) {
+    if (kvcache_takes_deep_pipeline(params, params.num_splits, deep_fits)) {
       return launch_kvcache<KvCacheTraits<kHeadDim, Element, Config::kDeepStages>>(params, stream);
     }
   }
