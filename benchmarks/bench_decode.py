@@ -136,7 +136,9 @@ def main(argv=None) -> int:
             k_cache = torch.randn(batch, context, NHEADS_K, HDIM, device="cuda", dtype=dtype)
             v_cache = torch.randn_like(k_cache)
             bytes_moved = 2 * k_cache.numel() * 2 + 2 * q.numel() * 2
-            splits, _ = flashtile._C.kvcache_plan(batch, 1, NHEADS, NHEADS_K, HDIM, context, 0)
+            splits = {layout: flashtile._C.kvcache_plan(batch, 1, NHEADS, NHEADS_K, HDIM, context, 0,
+                                                        0 if layout == "dense" else layout)[0]
+                      for layout in ("dense",) + PAGE_SIZES}
             cases = {("flashtile", "dense"): lambda: flashtile.flash_attn_with_kvcache(q, k_cache, v_cache)}
             views = {}
             for page in PAGE_SIZES:
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
                     us = time_us(fn, flush)
                     gbps = bytes_moved / (us * 1e3)
                     page_size = 0 if layout == "dense" else layout
-                    n_splits = splits if impl == "flashtile" else 0
+                    n_splits = splits[layout] if impl == "flashtile" else 0
                     print(f"{impl:<16}{batch:>6}{context:>9}{page_size:>6}{n_splits:>7}{us:>10.1f}{gbps:>8.0f}"
                           f"{gbps / ceiling:>9.2f}", flush=True)
                     rows.append(dict(impl=impl, dtype="bf16", hdim=HDIM, nheads=NHEADS, nheads_k=NHEADS_K,

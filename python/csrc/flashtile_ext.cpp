@@ -349,16 +349,21 @@ void bwd(const CudaArray& dout, const CudaArray& q, const CudaArray& k, const Cu
 }
 
 // The split count kvcache() will use for these shapes on the current GPU
-// (num_splits = 0: its choice) and the workspace bytes that needs.
+// (num_splits = 0: its choice) and the workspace bytes that needs; page_size
+// 0 for a dense cache.
 std::tuple<int, int64_t> kvcache_plan(int batch, int seqlen_q, int nheads, int nheads_k, int head_dim,
-                                      int seqlen_k, int num_splits) {
+                                      int seqlen_k, int num_splits, int page_size, bool fp16) {
   flashtile::KvCacheParams p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.nheads_k = nheads_k, p.head_dim = head_dim;
   p.seqlen_k = seqlen_k, p.num_splits = num_splits;
-  require(batch >= 1 && seqlen_q >= 1 && nheads_k >= 1 && nheads % nheads_k == 0 && seqlen_k >= 0,
+  p.dtype = fp16 ? flashtile::DType::kFp16 : flashtile::DType::kBf16;
+  require(batch >= 1 && seqlen_q >= 1 && nheads_k >= 1 && nheads % nheads_k == 0 && seqlen_k >= 0 && page_size >= 0,
           "kvcache_plan: invalid shapes");
   require(num_splits >= 0 && num_splits <= flashtile::kMaxKvCacheSplits,
           "num_splits must be in [0, " + std::to_string(flashtile::kMaxKvCacheSplits) + "]");
+  // The planner reads no table: it only asks whether the cache is paged.
+  static const int kPagedPlan = 0;
+  if (page_size > 0) p.block_table = &kPagedPlan, p.page_size = page_size;
   const int splits = flashtile::resolve_kvcache_splits(p);
   p.num_splits = splits;
   return {splits, flashtile::kvcache_workspace_bytes(p)};
@@ -696,8 +701,10 @@ NB_MODULE(_C, m) {
         "cache_seqlens + seqlen_new. Reads no device value on the host.");
   m.def("kvcache_plan", &kvcache_plan, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("nheads"),
         nb::arg("nheads_k"), nb::arg("head_dim"), nb::arg("seqlen_k"), nb::arg("num_splits"),
+        nb::arg("page_size") = 0, nb::arg("fp16") = false,
         "(num_splits, workspace bytes) kvcache() uses for these shapes on the current GPU; seqlen_k is "
-        "the keys a sequence's cache can hold.");
+        "the keys a sequence's cache can hold, page_size its pages' rows (0: dense), fp16 the dtype "
+        "(else bf16).");
   m.def("built_kvcache_kernels", &built_kvcache_kernels,
         "The (head_dim, dtype) KV-cache kernels this build contains.");
   m.def("limit_dispatch_arch", &limit_dispatch_arch, nb::arg("highest"),

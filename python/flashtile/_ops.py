@@ -225,7 +225,8 @@ def run_kvcache(q, k_cache, v_cache, softmax_scale, causal, window_left, window_
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     with torch.cuda.device(q.device):
         splits, workspace_bytes = _C.kvcache_plan(batch, seqlen_q, nheads, k_cache.shape[2], head_dim, capacity,
-                                                  int(num_splits))
+                                                  int(num_splits), k_cache.shape[1] if block_table is not None else 0,
+                                                  q.dtype == torch.float16)
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes else None
         stream = _current_stream(q.device)
         _C.kvcache(*_arrays(q, k_cache, v_cache, out, lse, workspace), float(softmax_scale), bool(causal), stream,
