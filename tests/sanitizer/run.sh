@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # compute-sanitizer's four tools over every prebuilt kernel (forward, backward,
-# deterministic backward) on the small problems of sanitize_kernels.cu. Needs
+# deterministic backward, KV cache) on the small problems of sanitize_kernels.cu. Needs
 # a GPU, the CUDA toolkit, CMake, Ninja and CUTLASS (see README). Writes each
 # tool's log and a summary to $SANITIZER_OUT (default build-sanitizer/logs).
 #   tests/sanitizer/run.sh                      # build for FLASHTILE_CUDA_ARCHS (default 90a), run
 #   SANITIZER_BIN=path/to/binary tests/sanitizer/run.sh   # run a binary built elsewhere
 #   SANITIZER_TOOLS="memcheck initcheck" tests/sanitizer/run.sh   # some of the tools
+#   SANITIZER_ARGS=kvcache tests/sanitizer/run.sh  # the KV-cache kernels only
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${SANITIZER_BUILD:-build-sanitizer}
@@ -28,7 +29,7 @@ summary=$out/summary.txt
 } >"$summary"
 for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
   log=$out/$tool.log
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" >"$log" 2>&1
+  compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" ${SANITIZER_ARGS:-} >"$log" 2>&1
   rc=$?
   problems=$(grep -E '^[0-9]+ problems' "$log" | tail -1)
   result=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^========= //')

@@ -3,12 +3,18 @@
 // compute-sanitizer (tests/sanitizer/run.sh): odd seqlens on both sides, GQA,
 // causal with seqlen_q > seqlen_k (rows that see no key) and the reverse,
 // sliding windows, strided (padded) rows; the scoremod kernels with and
-// without dropout. It checks each Status and each kernel's error, and
+// without dropout. Then every KV-cache kernel: dense and paged caches (pages
+// of 1, 16 and 64 rows), one split and several (the combine kernel), both
+// pipeline depths, cache_seqlens of 0 and full, leftpad, causal, a window,
+// softcap and ALiBi. It checks each Status and each kernel's error, and
 // prints one line per problem; the numerics are the Python tests' job.
+//   flashtile_sanitize_kernels           # everything
+//   flashtile_sanitize_kernels kvcache   # the KV-cache kernels only
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "flashtile/flashtile.hpp"
@@ -180,9 +186,74 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   return ok;
 }
 
+// Attention of seqlen_q queries per sequence against a KV cache that holds
+// `capacity` keys an entry: dense when page_size is 0, else pages of that
+// many rows handed out in a scrambled order.
+struct KvProblem {
+  int batch, seqlen_q, capacity, nheads, nheads_k, page_size, num_splits;
+  std::vector<int> seqlens, leftpad = {};
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  bool score_mod = false;  // softcap and (batch, nheads) ALiBi slopes
+};
+
+bool run_kvcache(int d, flashtile::DType dtype, const KvProblem& pr, uint32_t seed) {
+  const bool bf16 = dtype == flashtile::DType::kBf16;
+  const bool paged = pr.page_size > 0;
+  const int pages_per_seq = paged ? (pr.capacity + pr.page_size - 1) / pr.page_size : 0;
+  const int num_pages = pr.batch * pages_per_seq + 1;  // one page nobody's
+  Tensor4 q(pr.batch, pr.seqlen_q, pr.nheads, d), out(pr.batch, pr.seqlen_q, pr.nheads, d);
+  Tensor4 k(paged ? num_pages : pr.batch, paged ? pr.page_size : pr.capacity, pr.nheads_k, d);
+  Tensor4 v(paged ? num_pages : pr.batch, paged ? pr.page_size : pr.capacity, pr.nheads_k, d);
+  for (Tensor4* t : {&q, &k, &v}) fill_kernel<<<256, 256>>>(t->data, t->elements, seed++, bf16);
+  std::vector<int> table;
+  for (int i = 0; i < pr.batch * pages_per_seq; ++i) table.push_back(int((int64_t(i) * 7 + 3) % num_pages));
+  int* d_table = device_ints(table);
+  int* d_seqlens = device_ints(pr.seqlens);
+  int* d_leftpad = device_ints(pr.leftpad);
+  float* lse = nullptr;
+  cudaMalloc(&lse, size_t(pr.batch) * pr.nheads * pr.seqlen_q * sizeof(float));
+  float* slopes = nullptr;
+  if (pr.score_mod) {
+    std::vector<float> host(size_t(pr.batch) * pr.nheads);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f / float(i + 1);
+    cudaMalloc(&slopes, host.size() * sizeof(float));
+    cudaMemcpy(slopes, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
+
+  flashtile::KvCacheParams p;
+  p.q = q.data, p.k_cache = k.data, p.v_cache = v.data, p.out = out.data, p.lse = lse;
+  p.q_batch_stride = q.batch_stride, p.q_row_stride = q.row_stride, p.q_head_stride = q.head_stride;
+  p.k_page_stride = k.batch_stride, p.k_row_stride = k.row_stride, p.k_head_stride = k.head_stride;
+  p.v_page_stride = v.batch_stride, p.v_row_stride = v.row_stride, p.v_head_stride = v.head_stride;
+  p.out_batch_stride = out.batch_stride, p.out_row_stride = out.row_stride, p.out_head_stride = out.head_stride;
+  if (paged) p.block_table = d_table, p.block_table_batch_stride = pages_per_seq, p.page_size = pr.page_size;
+  p.cache_seqlens = d_seqlens, p.cache_leftpad = d_leftpad;
+  p.batch = pr.batch, p.nheads = pr.nheads, p.nheads_k = pr.nheads_k, p.seqlen_q = pr.seqlen_q;
+  p.seqlen_k = paged ? pages_per_seq * pr.page_size : pr.capacity, p.head_dim = d;
+  p.softmax_scale = 0.125f, p.causal = pr.causal, p.window_left = pr.window_left, p.window_right = pr.window_right;
+  if (pr.score_mod) p.softcap = 20.f, p.alibi_slopes = slopes, p.alibi_slopes_batch_stride = pr.nheads;
+  p.num_splits = pr.num_splits, p.dtype = dtype;
+  p.num_splits = flashtile::resolve_kvcache_splits(p);
+  void* workspace = nullptr;
+  const int64_t workspace_bytes = flashtile::kvcache_workspace_bytes(p);
+  if (workspace_bytes > 0) cudaMalloc(&workspace, workspace_bytes);
+  p.workspace = workspace;
+  std::printf("  %d splits\n", p.num_splits);
+  const bool ok = check("kvcache", flashtile::kvcache(p, nullptr));
+  cudaFree(workspace);
+  cudaFree(slopes);
+  cudaFree(lse);
+  cudaFree(d_table);
+  cudaFree(d_seqlens);
+  cudaFree(d_leftpad);
+  return ok;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool kvcache_only = argc > 1 && std::string(argv[1]) == "kvcache";
   const Problem problems[] = {
       {2, 17, 33, 4, 2, false}, {2, 17, 33, 4, 2, true},     // short, GQA, seqlen_q < seqlen_k
       {1, 130, 67, 2, 1, true},                              // rows that see no key
@@ -196,7 +267,7 @@ int main() {
   int runs = 0, failures = 0;
   uint32_t seed = 1;
   for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
-    if (key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype, variant)
+    if (kvcache_only || key.direction != flashtile::Direction::kFwd) continue;  // one pass per (head dim, dtype, variant)
     const bool score_mod = key.variant == flashtile::Variant::kScoreMod;
     for (const Problem& pr : problems) {
       for (bool deterministic : {false, true}) {
@@ -211,6 +282,29 @@ int main() {
           seed += 16;
         }
       }
+    }
+  }
+  // At head dim 128 the 700-key problems take the 3-stage pipeline (11
+  // blocks a split, a dense cache or 64-row pages) on a GPU with the shared
+  // memory, the 2100-key one the 2-stage one.
+  const KvProblem kv_problems[] = {
+      {2, 1, 700, 8, 2, 0, 1, {700, 0}},                                   // dense; full and empty
+      {2, 3, 700, 8, 2, 0, 3, {513, 9}, {5, 0}, true},                     // leftpad, causal, combine
+      {2, 1, 2100, 8, 2, 0, 1, {2100, 1500}},                              // long split
+      {2, 1, 1024, 8, 2, 16, 0, {1000, 37}},                               // 16-row pages, chosen splits
+      {2, 2, 700, 8, 2, 64, 2, {640, 3}, {}, false, 32, 0, true},          // 64-row pages, window, softcap, ALiBi
+      {2, 1, 40, 4, 4, 1, 1, {40, 17}},                                    // 1-row pages, MHA
+  };
+  for (const auto& entry : flashtile::KvCacheRegistry::instance().entries()) {
+    for (const KvProblem& pr : kv_problems) {
+      std::printf("kvcache hdim %d %s: batch %d seqlen_q %d capacity %d heads %d/%d page %d splits %d causal %d "
+                  "window (%d, %d) score_mod %d\n",
+                  entry.head_dim, flashtile::dtype_name(entry.dtype), pr.batch, pr.seqlen_q, pr.capacity, pr.nheads,
+                  pr.nheads_k, pr.page_size, pr.num_splits, int(pr.causal), pr.window_left, pr.window_right,
+                  int(pr.score_mod));
+      ++runs;
+      if (!run_kvcache(entry.head_dim, entry.dtype, pr, seed)) ++failures;
+      seed += 16;
     }
   }
   std::printf("%d problems, %d failed\n", runs, failures);
