@@ -6,7 +6,9 @@
 // without dropout. Then every KV-cache kernel: dense and paged caches (pages
 // of 1, 16 and 64 rows), one split and several (the combine kernel), both
 // pipeline depths, cache_seqlens of 0 and full, leftpad, causal, a window,
-// softcap and ALiBi. It checks each Status and each kernel's error, and
+// softcap and ALiBi; and the append kernel (new rows into a dense and a
+// paged cache, across a page boundary and past an entry's end, keys and
+// queries rotated). It checks each Status and each kernel's error, and
 // prints one line per problem; the numerics are the Python tests' job.
 //   flashtile_sanitize_kernels           # everything
 //   flashtile_sanitize_kernels kvcache   # the KV-cache kernels only
@@ -250,6 +252,65 @@ bool run_kvcache(int d, flashtile::DType dtype, const KvProblem& pr, uint32_t se
   return ok;
 }
 
+// The append kernel at head dim d: 3 new rows a sequence into a cache of
+// `capacity` rows an entry (dense, or pages of page_size rows), sequence 0
+// at 14 cached rows (across a 16-row page's end), sequence 1 at capacity - 1
+// (its last new rows fall past the entry and are not written); keys rotated
+// over half the features by fp32 tables, the queries rotated into a copy.
+bool run_append(int d, flashtile::DType dtype, int page_size, bool interleaved, uint32_t seed) {
+  const bool bf16 = dtype == flashtile::DType::kBf16;
+  const int batch = 2, seqlen_new = 3, nheads = 4, nheads_k = 2, capacity = 48;
+  const bool paged = page_size > 0;
+  const int pages_per_seq = paged ? (capacity + page_size - 1) / page_size : 0;
+  const int num_pages = batch * pages_per_seq + 1;
+  Tensor4 k(batch, seqlen_new, nheads_k, d), v(batch, seqlen_new, nheads_k, d);
+  Tensor4 q(batch, seqlen_new, nheads, d), q_out(batch, seqlen_new, nheads, d);
+  Tensor4 k_cache(paged ? num_pages : batch, paged ? page_size : capacity, nheads_k, d);
+  Tensor4 v_cache(paged ? num_pages : batch, paged ? page_size : capacity, nheads_k, d);
+  for (Tensor4* t : {&k, &v, &q, &k_cache, &v_cache}) fill_kernel<<<256, 256>>>(t->data, t->elements, seed++, bf16);
+  const int rotary_dim = d / 2, seqlen_ro = capacity + seqlen_new;
+  std::vector<float> cos_sin(size_t(seqlen_ro) * rotary_dim / 2);
+  for (size_t i = 0; i < cos_sin.size(); ++i) cos_sin[i] = 0.5f + 0.001f * float(i % 97);
+  float* table_cos = nullptr;
+  float* table_sin = nullptr;
+  cudaMalloc(&table_cos, cos_sin.size() * sizeof(float));
+  cudaMalloc(&table_sin, cos_sin.size() * sizeof(float));
+  cudaMemcpy(table_cos, cos_sin.data(), cos_sin.size() * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(table_sin, cos_sin.data(), cos_sin.size() * sizeof(float), cudaMemcpyHostToDevice);
+  std::vector<int> table;
+  for (int i = 0; i < batch * pages_per_seq; ++i) table.push_back(int((int64_t(i) * 7 + 3) % num_pages));
+  int* d_table = device_ints(table);
+  int* d_seqlens = device_ints({14, capacity - 1});
+  int* d_seqlens_out = device_ints({0, 0});
+
+  flashtile::KvAppendParams p;
+  p.k = k.data, p.v = v.data;
+  p.k_batch_stride = k.batch_stride, p.k_row_stride = k.row_stride, p.k_head_stride = k.head_stride;
+  p.v_batch_stride = v.batch_stride, p.v_row_stride = v.row_stride, p.v_head_stride = v.head_stride;
+  p.k_cache = k_cache.data, p.v_cache = v_cache.data;
+  p.k_page_stride = k_cache.batch_stride, p.k_cache_row_stride = k_cache.row_stride;
+  p.k_cache_head_stride = k_cache.head_stride;
+  p.v_page_stride = v_cache.batch_stride, p.v_cache_row_stride = v_cache.row_stride;
+  p.v_cache_head_stride = v_cache.head_stride;
+  if (paged) p.block_table = d_table, p.block_table_batch_stride = pages_per_seq, p.page_size = page_size;
+  p.cache_seqlens = d_seqlens, p.cache_seqlens_out = d_seqlens_out;
+  p.q = q.data, p.q_out = q_out.data;
+  p.q_batch_stride = q.batch_stride, p.q_row_stride = q.row_stride, p.q_head_stride = q.head_stride;
+  p.q_out_batch_stride = q_out.batch_stride, p.q_out_row_stride = q_out.row_stride;
+  p.q_out_head_stride = q_out.head_stride;
+  p.rotary_cos = table_cos, p.rotary_sin = table_sin, p.rotary_row_stride = rotary_dim / 2;
+  p.rotary_fp32 = true, p.rotary_interleaved = interleaved, p.rotary_dim = rotary_dim, p.seqlen_ro = seqlen_ro;
+  p.batch = batch, p.seqlen_new = seqlen_new, p.seqlen_q = seqlen_new, p.nheads = nheads, p.nheads_k = nheads_k;
+  p.head_dim = d, p.seqlen_k = paged ? pages_per_seq * page_size : capacity, p.dtype = dtype;
+  const bool ok = check("kvcache_append", flashtile::kvcache_append(p, nullptr));
+  cudaFree(table_cos);
+  cudaFree(table_sin);
+  cudaFree(d_table);
+  cudaFree(d_seqlens);
+  cudaFree(d_seqlens_out);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -304,6 +365,15 @@ int main(int argc, char** argv) {
                   int(pr.score_mod));
       ++runs;
       if (!run_kvcache(entry.head_dim, entry.dtype, pr, seed)) ++failures;
+      seed += 16;
+    }
+  }
+  for (const auto& entry : flashtile::KvCacheRegistry::instance().entries()) {
+    for (int page_size : {0, 16}) {
+      std::printf("kvcache_append hdim %d %s: page %d interleaved %d\n", entry.head_dim,
+                  flashtile::dtype_name(entry.dtype), page_size, int(page_size > 0));
+      ++runs;
+      if (!run_append(entry.head_dim, entry.dtype, page_size, page_size > 0, seed)) ++failures;
       seed += 16;
     }
   }
