@@ -41,6 +41,21 @@ int* device_ints(const std::vector<int>& v) {
   return d;
 }
 
+// Device float copy of v; cudaFree it.
+float* device_floats(const std::vector<float>& v) {
+  float* d = nullptr;
+  cudaMalloc(&d, v.size() * sizeof(float));
+  cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice);
+  return d;
+}
+
+// ALiBi slopes for `count` (batch, head) pairs, 0.5 / (i + 1), on the device.
+float* device_alibi_slopes(int count) {
+  std::vector<float> slopes(count);
+  for (int i = 0; i < count; ++i) slopes[i] = 0.5f / float(i + 1);
+  return device_floats(slopes);
+}
+
 std::vector<int> offsets_of(const std::vector<int>& lens) {
   std::vector<int> cu(1, 0);
   for (int n : lens) cu.push_back(cu.back() + n);
@@ -116,12 +131,7 @@ bool run(const flashtile::KernelKey& key, const Problem& pr, bool deterministic,
   int64_t* dropout_seed = nullptr;
   void* attn_probs = nullptr;
   const int probs_rows = (pr.seqlen_q + 127) / 128 * 128, probs_cols = (pr.seqlen_k + 127) / 128 * 128;
-  if (score_mod) {
-    std::vector<float> host(size_t(pr.batch) * pr.nheads);
-    for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f / float(i + 1);
-    cudaMalloc(&slopes, host.size() * sizeof(float));
-    cudaMemcpy(slopes, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-  }
+  if (score_mod) slopes = device_alibi_slopes(pr.batch * pr.nheads);
   if (score_mod && dropout) {
     const int64_t host_seed = 0x123456789abcdefLL + seed;
     cudaMalloc(&dropout_seed, sizeof(int64_t));
@@ -216,12 +226,7 @@ bool run_kvcache(int d, flashtile::DType dtype, const KvProblem& pr, uint32_t se
   float* lse = nullptr;
   cudaMalloc(&lse, size_t(pr.batch) * pr.nheads * pr.seqlen_q * sizeof(float));
   float* slopes = nullptr;
-  if (pr.score_mod) {
-    std::vector<float> host(size_t(pr.batch) * pr.nheads);
-    for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f / float(i + 1);
-    cudaMalloc(&slopes, host.size() * sizeof(float));
-    cudaMemcpy(slopes, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-  }
+  if (pr.score_mod) slopes = device_alibi_slopes(pr.batch * pr.nheads);
 
   flashtile::KvCacheParams p;
   p.q = q.data, p.k_cache = k.data, p.v_cache = v.data, p.out = out.data, p.lse = lse;
@@ -271,12 +276,8 @@ bool run_append(int d, flashtile::DType dtype, int page_size, bool interleaved, 
   const int rotary_dim = d / 2, seqlen_ro = capacity + seqlen_new;
   std::vector<float> cos_sin(size_t(seqlen_ro) * rotary_dim / 2);
   for (size_t i = 0; i < cos_sin.size(); ++i) cos_sin[i] = 0.5f + 0.001f * float(i % 97);
-  float* table_cos = nullptr;
-  float* table_sin = nullptr;
-  cudaMalloc(&table_cos, cos_sin.size() * sizeof(float));
-  cudaMalloc(&table_sin, cos_sin.size() * sizeof(float));
-  cudaMemcpy(table_cos, cos_sin.data(), cos_sin.size() * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(table_sin, cos_sin.data(), cos_sin.size() * sizeof(float), cudaMemcpyHostToDevice);
+  float* table_cos = device_floats(cos_sin);
+  float* table_sin = device_floats(cos_sin);
   std::vector<int> table;
   for (int i = 0; i < batch * pages_per_seq; ++i) table.push_back(int((int64_t(i) * 7 + 3) % num_pages));
   int* d_table = device_ints(table);
