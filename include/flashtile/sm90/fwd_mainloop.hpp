@@ -12,7 +12,8 @@
 //               mask (tiles on a boundary only); the online softmax's
 //               exponentials
 //             once the product is done: release V's stage, rescale O,
-//               P_j = S_j converted in registers
+//               P_j = S_j converted in registers (at the end of the step,
+//               or at the start of the next: Traits::kRetireProductLate)
 //           then the last block's product, and return the row logsumexp.
 // Host-side, to_params() builds the three TMA descriptors from FwdParams
 // once per launch; they travel in the kernel's __grid_constant__ parameters.
@@ -264,9 +265,9 @@ struct FwdMainloop {
 
     // The first block visited: S, its mask and its probabilities, with no
     // product of O to wait for.
+    Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
     int n_block = tile.n_block_end - 1;
     {
-      Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
       pipeline_k.consumer_wait(read);
       turns.wait();
       gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
@@ -284,11 +285,35 @@ struct FwdMainloop {
     ++read;
     --n_block;
 
+    // A block's P·V retires: its V stage is released, then O is rescaled by
+    // the factors of the block whose probabilities acc_s holds and P is set
+    // from them (O and P's registers are the product's operands until the
+    // product has retired).
+    typename decltype(softmax)::RowFactors factors;
+    auto retire_product = [&]() {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      warpgroup_fence_operand(tOrP);
+      pipeline_v.consumer_release(read_v);
+      softmax.rescale(acc_o_rowcol, factors);
+      set_probabilities(acc_s);
+      read_v = read;
+      ++read;
+    };
+    // With kRetireProductLate the product of a step retires at the start of
+    // the next one (and before the last block's product) instead of at its
+    // end: ptxas places a wait that follows the exponentials above them, so
+    // the exponentials would run only once the product was done; the loop's
+    // back edge keeps the next step's wait below them.
+    bool product_in_flight = false;
+
     // Each next block: S = Q·Kᵀ issued, then O += P·V of the block before;
     // the exponentials of S run while the tensor cores finish that product,
     // and only the rescale of O waits for it.
     auto process_key_block = [&](int n_block, auto masked) {
-      Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
+      if constexpr (Traits::kRetireProductLate) {
+        if (product_in_flight) retire_product();
+      }
       pipeline_k.consumer_wait(read);
       pipeline_v.consumer_wait(read_v);
       turns.wait();
@@ -300,15 +325,12 @@ struct FwdMainloop {
       pipeline_k.consumer_release(read);
       modify_and_mask(acc_s, n_block, masked);
       Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
-      const auto factors = softmax.to_probabilities(scores);
-      warpgroup_wait<0>();  // P·V done: O and P's registers are free
-      warpgroup_fence_operand(acc_o);
-      warpgroup_fence_operand(tOrP);
-      pipeline_v.consumer_release(read_v);
-      softmax.rescale(acc_o_rowcol, factors);
-      set_probabilities(acc_s);
-      read_v = read;
-      ++read;
+      factors = softmax.to_probabilities(scores);
+      if constexpr (Traits::kRetireProductLate) {
+        product_in_flight = true;
+      } else {
+        retire_product();
+      }
     };
 
     // As the SM80 kernel (sm80/fwd_kernel.hpp): the first blocks visited
@@ -337,6 +359,7 @@ struct FwdMainloop {
     cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
 
     // The last block's product.
+    if (product_in_flight) retire_product();
     pipeline_v.consumer_wait(read_v);
     turns.wait();
     gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);

@@ -52,6 +52,14 @@ struct FwdConfig {
   // 40 / 232; d128 and d192 within noise, -1 to -3 % at 16k, so they and the
   // uniform kernel keep FlashAttention-3's 24 / 240.
   static constexpr int kProducerRegisters = kHeadDim == 256 && !kUniform ? 40 : 24;
+  // Where a consumer waits for a block's P·V (sm90/fwd_mainloop.hpp): at
+  // the start of the next step (true), so that the exponentials run under
+  // the product, or right after the exponentials (false), where ptxas
+  // (nvcc 13.0) hoists the wait above them. On the H200 (bf16, 1k-16k, two
+  // alternated runs, benchmarks/NOTES.md): d256 +1-7 %, d64 +0-3 % without
+  // a mask and -1 to +1 % causal, d128 +0-2 % without a mask but -1 to -2 %
+  // causal. d32, d96 and d192 are not measured; they follow d64 and d256.
+  static constexpr bool kRetireProductLate = kHeadDim != 128 || kUniform;
 };
 
 template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
@@ -62,6 +70,7 @@ struct FwdTraits {
   static constexpr int kBlockM = Config_::kBlockM;
   static constexpr int kBlockN = Config_::kBlockN;
   static constexpr int kStages = Config_::kStages;
+  static constexpr bool kRetireProductLate = Config_::kRetireProductLate;
   static constexpr int kMmaWarpgroups = kBlockM / 64;  // wgmma's M is 64 rows per warpgroup
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
