@@ -55,11 +55,12 @@ struct FwdConfig {
   // Where a consumer waits for a block's P·V (sm90/fwd_mainloop.hpp): at
   // the start of the next step (true), so that the exponentials run under
   // the product, or right after the exponentials (false), where ptxas
-  // (nvcc 13.0) hoists the wait above them. On the H200 (bf16, 1k-16k, two
-  // alternated runs, benchmarks/NOTES.md): d256 +1-7 %, d64 +0-3 % without
-  // a mask and -1 to +1 % causal, d128 +0-2 % without a mask but -1 to -2 %
-  // causal. d32, d96 and d192 are not measured; they follow d64 and d256.
-  static constexpr bool kRetireProductLate = kHeadDim != 128 || kUniform;
+  // (nvcc 13.0) hoists the wait above them. On the H200 (bf16, 1k-16k,
+  // alternated processes, benchmarks/NOTES.md): d256 +1-8 % with or without
+  // a mask; d64 +2-5 % without a mask but -1 to -4 % causal from 4k; d128
+  // within the noise without a mask, -1 to -2 % causal. d32, d96 and d192
+  // are not measured; they follow d64 and d256.
+  static constexpr bool kRetireProductLate = kUniform || kHeadDim > 128;
 };
 
 template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
