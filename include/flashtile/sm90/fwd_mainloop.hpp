@@ -264,7 +264,8 @@ struct FwdMainloop {
     };
 
     // The first block visited: S, its mask and its probabilities, with no
-    // product of O to wait for.
+    // product of O to wait for. With kRetireProductLate acc_s then holds
+    // each step's scores until the next step retires its product (below).
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
     int n_block = tile.n_block_end - 1;
     {
@@ -290,13 +291,13 @@ struct FwdMainloop {
     // from them (O and P's registers are the product's operands until the
     // product has retired).
     typename decltype(softmax)::RowFactors factors;
-    auto retire_product = [&]() {
+    auto retire_product = [&](auto const& acc_s_step) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       softmax.rescale(acc_o_rowcol, factors);
-      set_probabilities(acc_s);
+      set_probabilities(acc_s_step);
       read_v = read;
       ++read;
     };
@@ -310,26 +311,32 @@ struct FwdMainloop {
     // Each next block: S = Q·Kᵀ issued, then O += P·V of the block before;
     // the exponentials of S run while the tensor cores finish that product,
     // and only the rescale of O waits for it.
-    auto process_key_block = [&](int n_block, auto masked) {
-      if constexpr (Traits::kRetireProductLate) {
-        if (product_in_flight) retire_product();
-      }
+    auto step = [&](auto& acc_s_step, int n_block, auto masked) {
       pipeline_k.consumer_wait(read);
       pipeline_v.consumer_wait(read_v);
       turns.wait();
-      gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      gemm_async<true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s_step);
       gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
       turns.pass();
       warpgroup_wait<1>();  // S (committed first) done; P·V may still run
-      warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_s_step);
       pipeline_k.consumer_release(read);
-      modify_and_mask(acc_s, n_block, masked);
-      Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
+      modify_and_mask(acc_s_step, n_block, masked);
+      Tensor scores = rowcol_view(acc_s_step);  // (rows, block cols)
       factors = softmax.to_probabilities(scores);
+    };
+    auto process_key_block = [&](int n_block, auto masked) {
       if constexpr (Traits::kRetireProductLate) {
+        if (product_in_flight) retire_product(acc_s);
+        step(acc_s, n_block, masked);
         product_in_flight = true;
       } else {
-        retire_product();
+        // A fragment of the step's own: stepping in the shared acc_s
+        // compiled these kernels differently, and d64 causal ran 1-4 %
+        // slower from 4k on the H200.
+        Tensor acc_s_step = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
+        step(acc_s_step, n_block, masked);
+        retire_product(acc_s_step);
       }
     };
 
@@ -359,7 +366,7 @@ struct FwdMainloop {
     cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
 
     // The last block's product.
-    if (product_in_flight) retire_product();
+    if (product_in_flight) retire_product(acc_s);
     pipeline_v.consumer_wait(read_v);
     turns.wait();
     gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
