@@ -61,8 +61,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   auto tile_at = [&](int index) {
     const TileCoord coord = params.scheduler.template tile<kMask == MaskKind::kCausal>(index);
     const SeqInfo seq(p, coord.batch, std::bool_constant<kVarlen>{});
-    const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-    Tile tile{coord.m_block, coord.head, coord.head / (p.nheads / p.nheads_k), seq, mask,
+    const int row_shift = kMask == MaskKind::kCausal ? ceil_div(seq.seqlen_q, kBlockM) * kBlockM - seq.seqlen_q : 0;
+    const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q + row_shift, seq.seqlen_k, p.window_left,
+                                                  p.window_right);
+    Tile tile{coord.m_block, coord.head, coord.head / (p.nheads / p.nheads_k), seq, row_shift, mask,
               mask.n_block_begin(coord.m_block), mask.n_block_end(coord.m_block)};
     if (kVarlen && coord.m_block * kBlockM >= seq.seqlen_q) tile.n_block_end = tile.n_block_begin;
     return tile;

@@ -78,7 +78,9 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
 // params ask for no softcap, ALiBi, dropout or attn_probs
 // (kInvalidArgument otherwise); can_implement_fwd(params) must pass. Every
 // key block params' mask leaves is visited, so a modifier that hides whole
-// blocks still pays for them.
+// blocks still pays for them. apply() sees a tile's rows outside the
+// sequence too (negative ones in causal tiles: FwdTile, fwd_mainloop.hpp),
+// whose results are dropped; it must not index memory by them unchecked.
 template <int kHeadDim, class Element, class ScoreModT>
 Status run_fwd_with(const FwdParams& params, typename ScoreModT::Arguments const& score_mod, cudaStream_t stream) {
   if (!device_is_sm90()) return Status::kUnsupportedDevice;

@@ -41,17 +41,33 @@ using namespace cute;
 
 // What a CTA works on: one query block of one (batch, head), its sequence
 // and the key blocks [n_block_begin, n_block_end) its rows see.
+//
+// Query block m holds the sequence's rows [m · kBlockM − row_shift, (m +
+// 1) · kBlockM − row_shift). A causal tile is laid from the sequence's last
+// row up (row_shift = the padding of seqlen_q to whole blocks), so that the
+// partial block is the first one, which sees the fewest keys, and not the
+// last, which sees them all: d64's 192-row blocks at 1k left 128 of the
+// last block's rows out of the sequence. mask is built for seqlen_q +
+// row_shift rows, whose blocks start at multiples of kBlockM (row i of the
+// sequence is its row i + row_shift: the same diagonal). Other tiles have
+// row_shift 0, their partial block the last.
 template <MaskKind kMask, int kBlockM, int kBlockN>
 struct FwdTile {
   int m_block;
   int head;
   int head_k;
   SeqInfo seq;
+  int row_shift;
   BlockMask<kMask, kBlockM, kBlockN> mask;
   int n_block_begin;
   int n_block_end;
 
   CUTE_DEVICE bool empty() const { return n_block_end <= n_block_begin; }
+  // The sequence's row at the tile's row 0 (negative where the tile starts
+  // before the sequence).
+  CUTE_DEVICE int row_begin() const { return m_block * kBlockM - row_shift; }
+  // Whether sequence row `row` exists.
+  CUTE_DEVICE bool has_row(int row) const { return row >= 0 && row < seq.seqlen_q; }
 };
 
 template <class Traits>
@@ -123,11 +139,15 @@ struct FwdMainloop {
   }
 
   // A sequence's rows of a (rows, d, heads, batch) coordinate tensor, at
-  // one head: its batch slice, or (varlen) its rows of the packed one.
+  // one head, from its row -row_shift on: its batch slice, or (varlen) its
+  // rows of the packed one. TMA fills rows before the tensor's first with
+  // zeros; a varlen sequence's rows before its own are the sequence
+  // before's, whose results the epilogue drops as well.
   template <class Tensor_>
-  CUTE_DEVICE static auto sequence_rows(Tensor_ const& m, int head, SeqInfo const& seq, int row_start) {
-    if (seq.varlen) return domain_offset(make_coord(row_start, _0{}), m(_, _, head, 0));
-    return domain_offset(make_coord(0, _0{}), m(_, _, head, seq.batch));
+  CUTE_DEVICE static auto sequence_rows(Tensor_ const& m, int head, SeqInfo const& seq, int row_start,
+                                        int row_shift = 0) {
+    if (seq.varlen) return domain_offset(make_coord(row_start - row_shift, _0{}), m(_, _, head, 0));
+    return domain_offset(make_coord(-row_shift, _0{}), m(_, _, head, seq.batch));
   }
   template <class Tensor_>
   CUTE_DEVICE static auto sequence_cols(Tensor_ const& m, int head, SeqInfo const& seq, int row_start) {
@@ -147,7 +167,8 @@ struct FwdMainloop {
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
 
-    Tensor mQ = sequence_rows(params.tma_q.get_tma_tensor(params.shape_q), tile.head, tile.seq, tile.seq.q_start);
+    Tensor mQ = sequence_rows(params.tma_q.get_tma_tensor(params.shape_q), tile.head, tile.seq, tile.seq.q_start,
+                               tile.row_shift);
     Tensor mK = sequence_rows(params.tma_k.get_tma_tensor(params.shape_k), tile.head_k, tile.seq, tile.seq.k_start);
     Tensor mVt = sequence_cols(params.tma_v.get_tma_tensor(params.shape_vt), tile.head_k, tile.seq, tile.seq.k_start);
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));  // (kBlockM, kHeadDim)
@@ -257,7 +278,7 @@ struct FwdMainloop {
     // The scores of key block n_block as the softmax takes them: modified
     // (every block), then masked (masked blocks on a boundary only).
     auto modify_and_mask = [&](auto& acc_s, int n_block, auto masked) {
-      score_mod.apply(acc_s, tScS, tile.m_block * kBlockM, n_block * kBlockN);
+      score_mod.apply(acc_s, tScS, tile.row_begin(), n_block * kBlockN);
       if constexpr (decltype(masked)::value) {
         if (tile.mask.needs_mask(tile.m_block, n_block)) tile.mask.apply(acc_s, tScS, tile.m_block, n_block);
       }
