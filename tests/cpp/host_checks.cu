@@ -901,6 +901,13 @@ int main() {
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t>>("sm90 fwd d256 fp16");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<256, cutlass::half_t, flashtile::sm90::FwdConfig<256, true>>>(
       "sm90 fwd d256 fp16, uniform tiles (128 x 80)");
+  // O's buffer fits beside d96's and d128's K/V stages, not d192's or d256's.
+  expect(flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>::kStoreOThroughSmem &&
+             flashtile::sm90::FwdTraits<96, cutlass::half_t>::kStoreOThroughSmem,
+         "sm90 fwd d96, d128", "O goes out through shared memory");
+  expect(!flashtile::sm90::FwdTraits<192, cutlass::bfloat16_t>::kStoreOThroughSmem &&
+             !flashtile::sm90::FwdTraits<256, cutlass::bfloat16_t>::kStoreOThroughSmem,
+         "sm90 fwd d192, d256", "O goes out from registers (no room for its buffer)");
   using flashtile::MaskKind;
   check_block_mask<MaskKind::kNone, 128, 128>("mask 128x128");
   check_block_mask<MaskKind::kCausal, 128, 128>("mask causal 128x128");

@@ -1,10 +1,21 @@
 // The SM90 forward's epilogue: O from the consumers' accumulators to global
-// memory in the output dtype, and the row logsumexps. Each thread stores its
-// accumulator's column pairs as 4-byte words, rows outside the sequence left
-// alone; the quad lane holding column 0 of a row writes its logsumexp.
+// memory in the output dtype, and the row logsumexps (the quad lane holding
+// column 0 of a row writes its logsumexp). O goes one of two ways:
+//   through shared memory (Traits::kStoreOThroughSmem, fixed-length
+//     batches whose out TMA can step): each consumer warpgroup writes its
+//     64 rows to a slab of its own with stmatrix, then one of its threads
+//     stores the slab with TMA, which drops the rows outside the sequence;
+//     the slab is written again only once that store has read it;
+//   from registers: each thread stores its accumulator's column pairs as
+//     4-byte words, rows outside the sequence left alone.
+// Host-side, to_params() builds out's TMA descriptor once per launch.
 #pragma once
 
+#include <cute/arch/copy_sm90.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
 
 #include <cmath>
@@ -12,6 +23,7 @@
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/fwd_mainloop.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 
 namespace flashtile::sm90 {
 
@@ -23,6 +35,44 @@ struct FwdEpilogue {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDim = Traits::kHeadDim;
   using ShapeO = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using ShapeOWarpgroup = Shape<_64, Int<kHeadDim>>;
+
+  // out as TMA sees it: (rows, head dim, heads, batch), fixed-length batches.
+  using ShapeRows = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideRows = Stride<int64_t, _1, int64_t, int64_t>;
+  static auto make_tma_o(Element* ptr, ShapeRows shape, StrideRows stride) {
+    return make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(ptr), shape, stride),
+                         typename Traits::SmemLayoutOWarpgroup{}, ShapeOWarpgroup{}, _1{});
+  }
+  using TmaO = decltype(make_tma_o(nullptr, ShapeRows{}, StrideRows{}));
+
+  struct Params {
+    TmaO tma_o;         // built where through_smem
+    ShapeRows shape_o;  // (seqlen_q, kHeadDim, nheads, batch)
+    bool through_smem;
+  };
+
+  // O through shared memory where the traits take that way, the batch is
+  // fixed-length and TMA can step out's strides (a mode of extent 1 gets
+  // a harmless stride, as the mainloop's descriptors do).
+  static Params to_params(FwdParams const& p) {
+    Params params{};
+    params.through_smem = Traits::kStoreOThroughSmem && !is_varlen(p) &&
+                          tma_tensor_ok(p.out_row_stride, p.out_head_stride, p.out_batch_stride, p.seqlen_q,
+                                        p.nheads, p.batch);
+    if (params.through_smem) {
+      auto stride = [](int64_t s, int32_t extent) { return extent > 1 ? s : int64_t(8); };
+      params.shape_o = ShapeRows{p.seqlen_q, kHeadDim, p.nheads, p.batch};
+      const StrideRows stride_o{stride(p.out_row_stride, p.seqlen_q), _1{}, stride(p.out_head_stride, p.nheads),
+                                stride(p.out_batch_stride, p.batch)};
+      params.tma_o = make_tma_o(static_cast<Element*>(p.out), params.shape_o, stride_o);
+    }
+    return params;
+  }
+
+  CUTE_DEVICE static void prefetch_descriptor(Params const& params) {
+    if (params.through_smem) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+  }
 
   // The sequence's rows of out: (seqlen_q, kHeadDim), and of the lse.
   template <MaskKind kMask, int kBlockN>
@@ -41,9 +91,81 @@ struct FwdEpilogue {
 
   // The tile's rows of the sequence (FwdTile::row_begin on), rows outside
   // it left alone.
+  template <MaskKind kMask, int kBlockN, class SharedStorage, class AccO, class Lse>
+  CUTE_DEVICE static void store(Params const& ep, FwdParams const& params, SharedStorage& storage,
+                                FwdTile<kMask, kBlockM, kBlockN> const& tile, AccO const& acc_o, Lse const& lse,
+                                int mma_tid) {
+    if constexpr (Traits::kStoreOThroughSmem) {
+      if (!tile.seq.varlen && ep.through_smem) {
+        store_through_smem(ep, params, storage, tile, acc_o, lse, mma_tid);
+        return;
+      }
+    }
+    store_from_registers(params, tile, acc_o, lse, mma_tid);
+  }
+
+  // Before the CTA exits: its last TMA stores have read their slabs.
+  CUTE_DEVICE static void finish(Params const& ep, int mma_tid) {
+    if constexpr (Traits::kStoreOThroughSmem) {
+      if (ep.through_smem && mma_tid % 128 == 0) tma_store_wait<0>();
+    }
+  }
+
+  template <MaskKind kMask, int kBlockN, class SharedStorage, class AccO, class Lse>
+  CUTE_DEVICE static void store_through_smem(Params const& ep, FwdParams const& params, SharedStorage& storage,
+                                             FwdTile<kMask, kBlockM, kBlockN> const& tile, AccO const& acc_o,
+                                             Lse const& lse, int mma_tid) {
+    const int warpgroup = mma_tid / 128;
+    const int wg_tid = mma_tid % 128;
+    const uint32_t barrier = Traits::kBarrierEpilogue + warpgroup;
+    Tensor sO = make_tensor(make_smem_ptr(storage.o.data()),
+                            typename Traits::SmemLayoutO{})(_, _, warpgroup);  // (64, kHeadDim)
+
+    // The warpgroup's accumulator is that of one warpgroup's product over
+    // its 64 rows (the tile's products split along M only).
+    using TiledMmaWarpgroup = decltype(make_tiled_mma(typename Traits::TiledMmaPV::Atom{}));
+    auto tiled_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, TiledMmaWarpgroup{});
+    auto thr_copy = tiled_copy.get_thread_slice(wg_tid);
+    Tensor rO = convert_fragment<Element>(acc_o);
+    Tensor tOrO = thr_copy.retile_S(rO);   // (CPY, CPY_M, CPY_D)
+    Tensor tOsO = thr_copy.partition_D(sO);  // (CPY, CPY_M, CPY_D)
+
+    // The slab's last store has read it.
+    if (wg_tid == 0) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, barrier);
+    copy(tiled_copy, tOrO, tOsO);
+    store_lse(params, tile, lse, mma_tid);
+    cutlass::arch::fence_view_async_shared();  // stmatrix's writes, to TMA (the async proxy)
+    cutlass::arch::NamedBarrier::sync(128, barrier);
+    if (wg_tid == 0) {
+      Tensor mO = ep.tma_o.get_tma_tensor(ep.shape_o)(_, _, tile.head, tile.seq.batch);  // (seqlen_q, kHeadDim)
+      Tensor gO = local_tile(domain_offset(make_coord(-tile.row_shift, _0{}), mO), ShapeOWarpgroup{},
+                             make_coord(tile.m_block * Traits::kMmaWarpgroups + warpgroup, _0{}));  // (64, kHeadDim)
+      auto tma_o = ep.tma_o.get_slice(_0{});
+      copy(ep.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      tma_store_arrive();
+    }
+  }
+
+  template <MaskKind kMask, int kBlockN, class Lse>
+  CUTE_DEVICE static void store_lse(FwdParams const& params, FwdTile<kMask, kBlockM, kBlockN> const& tile,
+                                    Lse const& lse, int mma_tid) {
+    float* lse_out = sequence_lse(params, tile);
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    Tensor cO_rowcol = rowcol_view(tiled_mma_pv.get_thread_slice(mma_tid).partition_C(
+        make_identity_tensor(ShapeO{})));  // (rows, cols) -> (row, col)
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(cO_rowcol); ++r) {
+      const int row = tile.row_begin() + get<0>(cO_rowcol(r, 0));
+      if (tile.has_row(row) && get<1>(cO_rowcol(r, 0)) == 0) lse_out[row] = lse(r);
+    }
+  }
+
+  // The logsumexps are written in the same pass as O's rows: a pass of
+  // their own spilled at d256.
   template <MaskKind kMask, int kBlockN, class AccO, class Lse>
-  CUTE_DEVICE static void store(FwdParams const& params, FwdTile<kMask, kBlockM, kBlockN> const& tile,
-                                AccO const& acc_o, Lse const& lse, int mma_tid) {
+  CUTE_DEVICE static void store_from_registers(FwdParams const& params, FwdTile<kMask, kBlockM, kBlockN> const& tile,
+                                               AccO const& acc_o, Lse const& lse, int mma_tid) {
     Tensor mO = sequence_of_out(params, tile);  // (seqlen_q, kHeadDim)
     float* lse_out = sequence_lse(params, tile);
     typename Traits::TiledMmaPV tiled_mma_pv;

@@ -31,6 +31,7 @@ template <class Traits, class ScoreModT>
 struct FwdKernelParams {
   FwdParams fwd;
   typename FwdMainloop<Traits>::Params mainloop;
+  typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
   typename ScoreModT::Arguments score_mod;
 };
@@ -80,6 +81,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // first use.
   if (threadIdx.x == 0) {
     Mainloop::prefetch_descriptors(params.mainloop);
+    Epilogue::prefetch_descriptor(params.epilogue);
     cutlass::arch::ClusterTransactionBarrier::init(&storage.barrier_q_full, 1);
     cutlass::arch::ClusterBarrier::init(&storage.barrier_q_empty, Traits::kMmaThreads);
   }
@@ -129,7 +131,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (int q_use = 0;; ++q_use) {
       barrier_q_full.wait(q_use & 1);
       const int index = storage.tile_index;
-      if (index >= params.scheduler.num_tiles) break;
+      if (index >= params.scheduler.num_tiles) {
+        Epilogue::finish(params.epilogue, mma_tid);
+        break;
+      }
       const Tile tile = tile_at(index);
       if (tile.empty()) {
         cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);  // index read
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);
       auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, score_mod, acc_o, mma_tid);
-      Epilogue::store(p, tile, acc_o, lse, mma_tid);
+      Epilogue::store(params.epilogue, p, storage, tile, acc_o, lse, mma_tid);
     }
   }
 #endif

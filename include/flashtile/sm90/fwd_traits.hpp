@@ -61,6 +61,13 @@ struct FwdConfig {
   // within the noise without a mask, -1 to -2 % causal. d32, d96 and d192
   // are not measured; they follow d64 and d256.
   static constexpr bool kRetireProductLate = kUniform || kHeadDim > 128;
+  // O written through shared memory (stmatrix, then a TMA store of each
+  // warpgroup's 64 rows) instead of straight from the accumulators, where
+  // its buffer fits beside the K/V stages (FwdTraits::kStoreOThroughSmem:
+  // d96 and d128). On the H200 (bf16, subset build): d128 +4-6 % at 1k,
+  // +0-3 % at 4k, within the noise at 16k; d64 0 to -3 %, so it keeps the
+  // register store. d96 is not measured; it follows d128.
+  static constexpr bool kStoreOThroughSmem = kHeadDim > 64;
 };
 
 template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
@@ -79,6 +86,9 @@ struct FwdTraits {
   // warpgroups' turns take one each (sm90/warpgroup_turns.hpp), a sync of
   // every consumer thread the next.
   static constexpr uint32_t kBarrierConsumers = kMmaWarpgroups;
+  // One per consumer warpgroup from here: its threads' epilogue syncs
+  // (sm90/fwd_epilogue.hpp).
+  static constexpr uint32_t kBarrierEpilogue = kBarrierConsumers + 1;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
 
   // Registers per thread after setmaxnreg: the producer needs few, the
@@ -130,6 +140,11 @@ struct FwdTraits {
   using SmemLayoutKStage = decltype(SmemLayoutK{}(_, _, _0{}));    // one stage: TMA's box
   using SmemLayoutVtStage = decltype(SmemLayoutVt{}(_, _, _0{}));
 
+  // O on its way out, one (64, kHeadDim) slab per consumer warpgroup
+  // (each warpgroup stores its own rows): (64, kHeadDim, kMmaWarpgroups).
+  using SmemLayoutO = decltype(tile_to_shape(AtomK<kHeadDim>{}, Shape<_64, Int<kHeadDim>, Int<kMmaWarpgroups>>{}));
+  using SmemLayoutOWarpgroup = decltype(SmemLayoutO{}(_, _, _0{}));  // one slab: TMA's box
+
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
   // TMA writes whole boxes, out-of-bounds rows as zeros, so each stage's
@@ -137,12 +152,16 @@ struct FwdTraits {
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
 
-  struct SharedStorage {
+  struct NoBuffer {};
+  template <bool kWithO>
+  struct SharedStorageOf {
     // 1024-byte alignment: the period of the 128-byte swizzle, which TMA
     // and wgmma assume of a tile's base address.
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutVt>> v;
+    alignas(kWithO ? 1024 : 1) std::conditional_t<kWithO, cute::array_aligned<Element, cosize_v<SmemLayoutO>>,
+                                                  NoBuffer> o;
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     // Q's buffer and the tile it holds: the producer writes the index, then
@@ -153,6 +172,11 @@ struct FwdTraits {
     uint64_t barrier_q_empty;  // the consumers are done reading Q
     int tile_index;
   };
+  // O goes through shared memory where the config asks and its buffer fits
+  // (not at d192 and d256, whose K/V stages leave too little).
+  static constexpr bool kStoreOThroughSmem =
+      Config_::kStoreOThroughSmem && sizeof(SharedStorageOf<true>) <= 227 * 1024;
+  using SharedStorage = SharedStorageOf<kStoreOThroughSmem>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
 };
