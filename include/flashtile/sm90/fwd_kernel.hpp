@@ -141,6 +141,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (rows_exist(tile)) Epilogue::store_zero(p, tile, mma_tid);
         continue;
       }
+      if (!tile.warpgroup_has_rows(mma_tid / 128)) {
+        Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, mma_tid);
+        continue;
+      }
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);
       auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, score_mod, acc_o, mma_tid);

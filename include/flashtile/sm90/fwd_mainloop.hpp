@@ -68,6 +68,11 @@ struct FwdTile {
   CUTE_DEVICE int row_begin() const { return m_block * kBlockM - row_shift; }
   // Whether sequence row `row` exists.
   CUTE_DEVICE bool has_row(int row) const { return row >= 0 && row < seq.seqlen_q; }
+  // Whether some of consumer warpgroup w's 64 rows exist.
+  CUTE_DEVICE bool warpgroup_has_rows(int w) const {
+    const int first = row_begin() + 64 * w;
+    return first + 64 > 0 && first < seq.seqlen_q;
+  }
 };
 
 template <class Traits>
@@ -237,6 +242,42 @@ struct FwdMainloop {
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, Traits::kBarrierConsumers);
+  }
+
+  // A consumer warpgroup none of whose rows exists (the partial block's
+  // past the sequence: at d64 two of the 192 rows' three warpgroups at 1k)
+  // computes nothing; it keeps its place in the pipelines (waiting for
+  // each stage before releasing it, so its arrivals count toward the
+  // stage's use at hand), the turns and the consumers' syncs, as mma()
+  // does, and leaves the tensor cores to the others.
+  template <MaskKind kMask, class SharedStorage>
+  CUTE_DEVICE static void walk(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
+                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile, int mma_tid) {
+    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
+    const ProductTurns<Traits::kMmaWarpgroups> turns(mma_tid / 128);
+    pipeline_k.consumer_wait(read);
+    turns.wait();
+    turns.pass();
+    pipeline_k.consumer_release(read);
+    typename Traits::PipelineKV::PipelineState read_v = read;
+    if (tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
+    ++read;
+    for (int n_block = tile.n_block_end - 2; n_block >= tile.n_block_begin; --n_block) {
+      pipeline_k.consumer_wait(read);
+      pipeline_v.consumer_wait(read_v);
+      turns.wait();
+      turns.pass();
+      pipeline_k.consumer_release(read);
+      pipeline_v.consumer_release(read_v);
+      read_v = read;
+      ++read;
+    }
+    cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
+    pipeline_v.consumer_wait(read_v);
+    turns.wait();
+    turns.pass_last();
+    pipeline_v.consumer_release(read_v);
   }
 
   // The consumers (kMmaThreads, thread index mma_tid): O and the row
