@@ -22,6 +22,7 @@
 #include "flashtile/sm90/fwd_mainloop.hpp"
 #include "flashtile/sm90/fwd_traits.hpp"
 #include "flashtile/sm90/tile_scheduler.hpp"
+#include "flashtile/sm90/warpgroup_turns.hpp"
 
 namespace flashtile::sm90 {
 
@@ -141,13 +142,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (rows_exist(tile)) Epilogue::store_zero(p, tile, mma_tid);
         continue;
       }
-      if (!tile.warpgroup_has_rows(mma_tid / 128)) {
-        Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, mma_tid);
+      const int warpgroup = mma_tid / 128;
+      const ProductTurns<Traits::kMmaWarpgroups> turns(warpgroup);
+      // The key blocks this warpgroup computes: none where it has no rows in
+      // the sequence, else those its rows see, at least one (a row that sees
+      // no key gets its 0 and −inf from the mainloop).
+      const int n_block_end = tile.warpgroup_has_rows(warpgroup)
+                                  ? max(tile.warpgroup_n_block_end(warpgroup), tile.n_block_begin + 1)
+                                  : tile.n_block_begin;
+      if (n_block_end == tile.n_block_begin) {
+        Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, turns, mma_tid);
         continue;
       }
+      Mainloop::skip(storage, pipeline_k, pipeline_v, read, tile, turns, tile.n_block_end - n_block_end, mma_tid);
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);
-      auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, score_mod, acc_o, mma_tid);
+      auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, n_block_end, turns,
+                                               score_mod, acc_o, mma_tid);
       Epilogue::store(params.epilogue, p, storage, tile, acc_o, lse, mma_tid);
     }
   }

@@ -73,6 +73,19 @@ struct FwdTile {
     const int first = row_begin() + 64 * w;
     return first + 64 > 0 && first < seq.seqlen_q;
   }
+  // One past the last key block that some of consumer warpgroup w's rows
+  // see (at most n_block_end): on a causal or window diagonal the upper
+  // warpgroups' rows see fewer keys than the block's last row (at d64, 9 of
+  // the 81 warpgroup-blocks of a causal 1k sequence).
+  CUTE_DEVICE int warpgroup_n_block_end(int w) const {
+    if constexpr (kMask == MaskKind::kNone) {
+      return n_block_end;
+    } else {
+      const int last_row_end = min(m_block * kBlockM + 64 * (w + 1), mask.seqlen_q);  // in mask's rows
+      const int visible_cols = last_row_end + mask.offset + (kMask == MaskKind::kLocal ? mask.right : 0);
+      return min(n_block_end, visible_cols > 0 ? ceil_div(visible_cols, kBlockN) : 0);
+    }
+  }
 };
 
 template <class Traits>
@@ -244,51 +257,52 @@ struct FwdMainloop {
     cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, Traits::kBarrierConsumers);
   }
 
-  // A consumer warpgroup none of whose rows exists (the partial block's
-  // past the sequence: at d64 two of the 192 rows' three warpgroups at 1k)
-  // computes nothing; it keeps its place in the pipelines (waiting for
-  // each stage before releasing it, so its arrivals count toward the
-  // stage's use at hand), the turns and the consumers' syncs, as mma()
-  // does, and leaves the tensor cores to the others.
-  template <MaskKind kMask, class SharedStorage>
-  CUTE_DEVICE static void walk(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
+  // A consumer warpgroup walks past the first n_skip key blocks the tile
+  // visits (last to first) without computing where its rows see none of
+  // them, and past all of them where none of its rows exists (the partial
+  // block's past the sequence: at d64 two of three warpgroups at 1k). It
+  // keeps its place in the pipelines, waiting for each stage before
+  // releasing it (so that its arrivals count toward the stage's use at
+  // hand), in the turns and in the consumers' syncs, and leaves the tensor
+  // cores to the others.
+  template <MaskKind kMask, class SharedStorage, class Turns>
+  CUTE_DEVICE static void skip(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                                typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
-                               FwdTile<kMask, kBlockM, kBlockN> const& tile, int mma_tid) {
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile, Turns const& turns, int n_skip,
+                               int mma_tid) {
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
-    const ProductTurns<Traits::kMmaWarpgroups> turns(mma_tid / 128);
-    pipeline_k.consumer_wait(read);
-    turns.wait();
-    turns.pass();
-    pipeline_k.consumer_release(read);
-    typename Traits::PipelineKV::PipelineState read_v = read;
-    if (tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
-    ++read;
-    for (int n_block = tile.n_block_end - 2; n_block >= tile.n_block_begin; --n_block) {
+    for (int i = 0; i < n_skip; ++i) {
       pipeline_k.consumer_wait(read);
-      pipeline_v.consumer_wait(read_v);
+      pipeline_v.consumer_wait(read);
       turns.wait();
       turns.pass();
+      if (i == 0 && tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read.index()), pipeline_v, read, tile, mma_tid);
       pipeline_k.consumer_release(read);
-      pipeline_v.consumer_release(read_v);
-      read_v = read;
+      pipeline_v.consumer_release(read);
       ++read;
     }
+  }
+  template <MaskKind kMask, class SharedStorage, class Turns>
+  CUTE_DEVICE static void walk(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
+                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile, Turns const& turns, int mma_tid) {
+    skip(storage, pipeline_k, pipeline_v, read, tile, turns, tile.n_block_end - tile.n_block_begin, mma_tid);
     cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
-    pipeline_v.consumer_wait(read_v);
-    turns.wait();
+    turns.wait();  // the tile's last turn, mma()'s last product's
     turns.pass_last();
-    pipeline_v.consumer_release(read_v);
   }
 
   // The consumers (kMmaThreads, thread index mma_tid): O and the row
-  // logsumexps of the tile into acc_o and the returned fragment. score_mod:
-  // the tile's score modifier (common/score_mod.hpp), which also gives the
-  // softmax's scale.
-  template <MaskKind kMask, class SharedStorage, class ScoreModT, class AccO>
+  // logsumexps of the tile into acc_o and the returned fragment, over the
+  // key blocks [tile.n_block_begin, n_block_end) (the warpgroup's: skip()
+  // walked past the tile's others). score_mod: the tile's score modifier
+  // (common/score_mod.hpp), which also gives the softmax's scale. turns:
+  // the consumer warpgroups' turns at issuing their products (ping-pong).
+  template <MaskKind kMask, class SharedStorage, class Turns, class ScoreModT, class AccO>
   CUTE_DEVICE static auto mma(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
-                              FwdTile<kMask, kBlockM, kBlockN> const& tile, ScoreModT const& score_mod, AccO& acc_o,
-                              int mma_tid) {
+                              FwdTile<kMask, kBlockM, kBlockN> const& tile, int n_block_end, Turns const& turns,
+                              ScoreModT const& score_mod, AccO& acc_o, int mma_tid) {
     using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
@@ -309,8 +323,6 @@ struct FwdMainloop {
     Tensor acc_o_rowcol = rowcol_view(acc_o);  // (rows, head-dim cols)
 
     // Q is in (the kernel waited for it).
-    // The consumer warpgroups take turns at issuing their products (ping-pong).
-    const ProductTurns<Traits::kMmaWarpgroups> turns(mma_tid / 128);
 
     // P of the block before, as the A operand of O += P·V: ((2, 2, 2), MMA_M, MMA_N)
     Tensor tOrP = make_tensor<Element>(acc_to_rs_operand_a_layout(
@@ -329,7 +341,7 @@ struct FwdMainloop {
     // product of O to wait for. With kRetireProductLate acc_s then holds
     // each step's scores until the next step retires its product (below).
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
-    int n_block = tile.n_block_end - 1;
+    int n_block = n_block_end - 1;
     {
       pipeline_k.consumer_wait(read);
       turns.wait();
@@ -344,7 +356,9 @@ struct FwdMainloop {
       set_probabilities(acc_s);
     }
     typename Traits::PipelineKV::PipelineState read_v = read;  // V of the block P belongs to
-    if (tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
+    if (tile.seq.varlen && n_block_end == tile.n_block_end) {
+      clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
+    }
     ++read;
     --n_block;
 
@@ -405,7 +419,7 @@ struct FwdMainloop {
     // As the SM80 kernel (sm80/fwd_kernel.hpp): the first blocks visited
     // may need the mask, the long middle never does; a window's left edge
     // also masks the last ones visited (one loop, two call sites, there).
-    const int n_block_unmasked_end = tile.n_block_end - tile.mask.n_masked_blocks();
+    const int n_block_unmasked_end = n_block_end - tile.mask.n_masked_blocks();
     if constexpr (kMask != MaskKind::kLocal) {
       for (; n_block >= tile.n_block_begin && n_block >= n_block_unmasked_end; --n_block) {
         process_key_block(n_block, cute::true_type{});
