@@ -144,17 +144,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
       const int warpgroup = mma_tid / 128;
       const ProductTurns<Traits::kMmaWarpgroups> turns(warpgroup);
-      // The key blocks this warpgroup computes: none where it has no rows in
-      // the sequence, else those its rows see, at least one (a row that sees
-      // no key gets its 0 and −inf from the mainloop).
-      const int n_block_end = tile.warpgroup_has_rows(warpgroup)
-                                  ? max(tile.warpgroup_n_block_end(warpgroup), tile.n_block_begin + 1)
-                                  : tile.n_block_begin;
-      if (n_block_end == tile.n_block_begin) {
-        Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, turns, mma_tid);
-        continue;
+      // The key blocks this warpgroup computes: the tile's, or (where the
+      // traits skip unseen blocks) none where it has no rows in the
+      // sequence, else those its rows see, at least one (a row that sees no
+      // key gets its 0 and −inf from the mainloop).
+      int n_block_end = tile.n_block_end;
+      if constexpr (Traits::kSkipUnseenBlocks) {
+        n_block_end = tile.warpgroup_has_rows(warpgroup)
+                          ? max(tile.warpgroup_n_block_end(warpgroup), tile.n_block_begin + 1)
+                          : tile.n_block_begin;
+        if (n_block_end == tile.n_block_begin) {
+          Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, turns, mma_tid);
+          continue;
+        }
+        Mainloop::skip(storage, pipeline_k, pipeline_v, read, tile, turns, tile.n_block_end - n_block_end, mma_tid);
       }
-      Mainloop::skip(storage, pipeline_k, pipeline_v, read, tile, turns, tile.n_block_end - n_block_end, mma_tid);
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);
       auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, n_block_end, turns,

@@ -68,6 +68,12 @@ struct FwdConfig {
   // +0-3 % at 4k, within the noise at 16k; d64 0 to -3 %, so it keeps the
   // register store. d96 is not measured; it follows d128.
   static constexpr bool kStoreOThroughSmem = kHeadDim > 64;
+  // A consumer warpgroup computes only the key blocks its rows see
+  // (sm90/fwd_kernel.hpp; FwdMainloop::skip). ptxas (nvcc 13.0): d128's
+  // spills unchanged; d64's uniform kernel 0 -> 40 bytes, its masked ones
+  // 76-100 -> 112-168; d256's 12-24 -> 48-120 bytes, for at most 6 % of
+  // its causal work at 1k (1.5 % at 4k), so d192 and d256 go without.
+  static constexpr bool kSkipUnseenBlocks = kHeadDim <= 128;
 };
 
 template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
@@ -79,6 +85,7 @@ struct FwdTraits {
   static constexpr int kBlockN = Config_::kBlockN;
   static constexpr int kStages = Config_::kStages;
   static constexpr bool kRetireProductLate = Config_::kRetireProductLate;
+  static constexpr bool kSkipUnseenBlocks = Config_::kSkipUnseenBlocks;
   static constexpr int kMmaWarpgroups = kBlockM / 64;  // wgmma's M is 64 rows per warpgroup
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
