@@ -4,7 +4,7 @@
 //   through shared memory (Traits::kStoreOThroughSmem, fixed-length
 //     batches whose out TMA can step): each consumer warpgroup writes its
 //     64 rows to a slab of its own with stmatrix, then one of its threads
-//     stores the slab with TMA, which drops the rows outside the sequence;
+//     stores the slab with TMA, which drops the rows past the sequence;
 //     the slab is written again only once that store has read it;
 //   from registers: each thread stores its accumulator's column pairs as
 //     4-byte words, rows outside the sequence left alone.
@@ -96,7 +96,11 @@ struct FwdEpilogue {
                                 FwdTile<kMask, kBlockM, kBlockN> const& tile, AccO const& acc_o, Lse const& lse,
                                 int mma_tid) {
     if constexpr (Traits::kStoreOThroughSmem) {
-      if (!tile.seq.varlen && ep.through_smem) {
+      // TMA's store takes no box that starts before row 0 (an illegal
+      // instruction on the H200), so the warpgroup of a causal block that
+      // starts before the sequence (FwdTile::row_shift) stores from
+      // registers.
+      if (!tile.seq.varlen && ep.through_smem && tile.row_begin() + 64 * (mma_tid / 128) >= 0) {
         store_through_smem(ep, params, storage, tile, acc_o, lse, mma_tid);
         return;
       }
