@@ -71,7 +71,9 @@ struct FwdEpilogue {
   }
 
   CUTE_DEVICE static void prefetch_descriptor(Params const& params) {
-    if (params.through_smem) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    if constexpr (Traits::kStoreOThroughSmem) {
+      if (params.through_smem) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    }
   }
 
   // The sequence's rows of out: (seqlen_q, kHeadDim), and of the lse.

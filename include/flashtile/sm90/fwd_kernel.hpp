@@ -32,9 +32,9 @@ template <class Traits, class ScoreModT>
 struct FwdKernelParams {
   FwdParams fwd;
   typename FwdMainloop<Traits>::Params mainloop;
-  typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
   typename ScoreModT::Arguments score_mod;
+  typename FwdEpilogue<Traits>::Params epilogue;
 };
 
 template <class Traits, MaskKind kMask, bool kVarlen, class ScoreModT>

@@ -32,9 +32,8 @@ Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& 
   if (scheduler.counter != nullptr && cudaMemsetAsync(scheduler.counter, 0, sizeof(int), stream) != cudaSuccess) {
     return Status::kCudaError;
   }
-  const FwdKernelParams<Traits, ScoreModT> kernel_params{params, FwdMainloop<Traits>::to_params(params),
-                                                         FwdEpilogue<Traits>::to_params(params), scheduler,
-                                                         score_mod};
+  const FwdKernelParams<Traits, ScoreModT> kernel_params{params, FwdMainloop<Traits>::to_params(params), scheduler,
+                                                         score_mod, FwdEpilogue<Traits>::to_params(params)};
   kernel<<<scheduler.grid(uniform_tiles, multiprocessor_count()), Traits::kNThreads, kSmemBytes, stream>>>(
       kernel_params);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;  // cause left set

@@ -72,8 +72,11 @@ struct FwdConfig {
   // (sm90/fwd_kernel.hpp; FwdMainloop::skip). ptxas (nvcc 13.0): d128's
   // spills unchanged; d64's uniform kernel 0 -> 40 bytes, its masked ones
   // 76-100 -> 112-168; d256's 12-24 -> 48-120 bytes, for at most 6 % of
-  // its causal work at 1k (1.5 % at 4k), so d192 and d256 go without.
-  static constexpr bool kSkipUnseenBlocks = kHeadDim <= 128;
+  // its causal work at 1k (1.5 % at 4k), so d192 and d256 go without. On
+  // the H200 (bf16, with the causal row shift): d64 causal +11 % at 1k,
+  // +3 % at 4k; d64 without a mask -9 to -10 % at every length, so the
+  // uniform kernels go without too.
+  static constexpr bool kSkipUnseenBlocks = !kUniform && kHeadDim <= 128;
 };
 
 template <int kHeadDim_, class Element_, class Config_ = FwdConfig<kHeadDim_>>
@@ -167,8 +170,6 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutVt>> v;
-    alignas(kWithO ? 1024 : 1) std::conditional_t<kWithO, cute::array_aligned<Element, cosize_v<SmemLayoutO>>,
-                                                  NoBuffer> o;
     alignas(16) typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     // Q's buffer and the tile it holds: the producer writes the index, then
@@ -178,6 +179,9 @@ struct FwdTraits {
     uint64_t barrier_q_full;   // a transaction barrier: Q's TMA load
     uint64_t barrier_q_empty;  // the consumers are done reading Q
     int tile_index;
+    // Last, so that the members above lie where they do without it.
+    alignas(kWithO ? 1024 : 1) std::conditional_t<kWithO, cute::array_aligned<Element, cosize_v<SmemLayoutO>>,
+                                                  NoBuffer> o;
   };
   // O goes through shared memory where the config asks and its buffer fits
   // (not at d192 and d256, whose K/V stages leave too little).
