@@ -64,9 +64,9 @@ struct FwdConfig {
   // O written through shared memory (stmatrix, then a TMA store of each
   // warpgroup's 64 rows) instead of straight from the accumulators, where
   // its buffer fits beside the K/V stages (FwdTraits::kStoreOThroughSmem:
-  // d96 and d128). On the H200 (bf16, subset build): d128 +4-6 % at 1k,
-  // +0-3 % at 4k, within the noise at 16k; d64 0 to -3 %, so it keeps the
-  // register store. d96 is not measured; it follows d128.
+  // d96 and d128). On the H200 (bf16, benchmarks/NOTES.md): d128 without a
+  // mask 0.94 -> 1.01x cuDNN at 1k, +2-3 % from 4k; d64 0 to -3 %, so it
+  // keeps the register store. d96 is not measured; it follows d128.
   static constexpr bool kStoreOThroughSmem = kHeadDim > 64;
   // A consumer warpgroup computes only the key blocks its rows see
   // (sm90/fwd_kernel.hpp; FwdMainloop::skip). ptxas (nvcc 13.0): d128's
