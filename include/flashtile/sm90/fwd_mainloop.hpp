@@ -259,8 +259,8 @@ struct FwdMainloop {
 
   // A consumer warpgroup walks past the first n_skip key blocks the tile
   // visits (last to first) without computing where its rows see none of
-  // them, and past all of them where none of its rows exists (the partial
-  // block's past the sequence: at d64 two of three warpgroups at 1k). It
+  // them, and past all of them where none of its rows exists (at d64 two
+  // of the three warpgroups of a causal 1k sequence's first block). It
   // keeps its place in the pipelines, waiting for each stage before
   // releasing it (so that its arrivals count toward the stage's use at
   // hand), in the turns and in the consumers' syncs, and leaves the tensor
