@@ -101,8 +101,10 @@ struct FwdEpilogue {
       // TMA's store takes no box that starts before row 0 (an illegal
       // instruction on the H200), so the warpgroup of a causal block that
       // starts before the sequence (FwdTile::row_shift) stores from
-      // registers.
-      if (!tile.seq.varlen && ep.through_smem && tile.row_begin() + 64 * (mma_tid / 128) >= 0) {
+      // registers, as does one whose rows all lie past it (it writes
+      // nothing; a box that starts past the tensor's end is not needed).
+      const int warpgroup_row = tile.row_begin() + 64 * (mma_tid / 128);
+      if (!tile.seq.varlen && ep.through_smem && warpgroup_row >= 0 && warpgroup_row < tile.seq.seqlen_q) {
         store_through_smem(ep, params, storage, tile, acc_o, lse, mma_tid);
         return;
       }

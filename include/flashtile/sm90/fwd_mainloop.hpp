@@ -272,10 +272,12 @@ struct FwdMainloop {
                                int mma_tid) {
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
     for (int i = 0; i < n_skip; ++i) {
+      // V's wait after the turn: the warpgroups that compute need only V of
+      // the block before at this turn.
       pipeline_k.consumer_wait(read);
-      pipeline_v.consumer_wait(read);
       turns.wait();
       turns.pass();
+      pipeline_v.consumer_wait(read);
       if (i == 0 && tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read.index()), pipeline_v, read, tile, mma_tid);
       pipeline_k.consumer_release(read);
       pipeline_v.consumer_release(read);
