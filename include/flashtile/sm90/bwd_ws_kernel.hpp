@@ -45,6 +45,7 @@
 #include "flashtile/sm90/column_values.hpp"
 #include "flashtile/sm90/dq_turns.hpp"
 #include "flashtile/sm90/gemm.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 
 namespace flashtile::sm90 {
 
@@ -86,9 +87,8 @@ struct BwdWsParams {
     const int32_t batch = varlen ? 1 : p.batch;
     const int32_t rows_q = varlen ? p.total_q : p.seqlen_q;
     const int32_t rows_k = varlen ? p.total_k : p.seqlen_k;
-    auto stride = [](int64_t s, int32_t extent) { return extent > 1 ? s : int64_t(8); };
     auto strides = [&](int64_t row, int64_t head, int64_t batch_stride, int32_t rows, int32_t heads) {
-      return BwdStrideRows{stride(row, rows), _1{}, stride(head, heads), stride(batch_stride, batch)};
+      return BwdStrideRows{tma_stride(row, rows), _1{}, tma_stride(head, heads), tma_stride(batch_stride, batch)};
     };
     using Tma = BwdWsTma<Traits>;
     using Element = typename Traits::Element;

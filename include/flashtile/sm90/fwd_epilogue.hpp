@@ -54,17 +54,16 @@ struct FwdEpilogue {
 
   // O through shared memory where the traits take that way, the batch is
   // fixed-length and TMA can step out's strides (a mode of extent 1 gets
-  // a harmless stride, as the mainloop's descriptors do).
+  // tma_stride's harmless one).
   static Params to_params(FwdParams const& p) {
     Params params{};
     params.through_smem = Traits::kStoreOThroughSmem && !is_varlen(p) &&
                           tma_tensor_ok(p.out_row_stride, p.out_head_stride, p.out_batch_stride, p.seqlen_q,
                                         p.nheads, p.batch);
     if (params.through_smem) {
-      auto stride = [](int64_t s, int32_t extent) { return extent > 1 ? s : int64_t(8); };
       params.shape_o = ShapeRows{p.seqlen_q, kHeadDim, p.nheads, p.batch};
-      const StrideRows stride_o{stride(p.out_row_stride, p.seqlen_q), _1{}, stride(p.out_head_stride, p.nheads),
-                                stride(p.out_batch_stride, p.batch)};
+      const StrideRows stride_o{tma_stride(p.out_row_stride, p.seqlen_q), _1{}, tma_stride(p.out_head_stride, p.nheads),
+                                tma_stride(p.out_batch_stride, p.batch)};
       params.tma_o = make_tma_o(static_cast<Element*>(p.out), params.shape_o, stride_o);
     }
     return params;

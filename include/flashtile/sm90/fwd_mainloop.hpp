@@ -33,6 +33,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/fwd_traits.hpp"
 #include "flashtile/sm90/gemm.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/sm90/warpgroup_turns.hpp"
 
 namespace flashtile::sm90 {
@@ -124,23 +125,21 @@ struct FwdMainloop {
 
   // The descriptors for params' q, k and v (16-byte aligned pointers and
   // strides: can_implement_fwd checked them; fwd_supports, that TMA can step
-  // them). A mode of extent 1 is never stepped: it gets stride 8 elements,
-  // whatever the caller's (TMA refuses some, 0 among them).
+  // them; a mode of extent 1 gets tma_stride's harmless one).
   static Params to_params(FwdParams const& p) {
     const bool varlen = is_varlen(p);
     const int32_t batch = varlen ? 1 : p.batch;
     const int32_t rows_q = varlen ? p.total_q : p.seqlen_q;
     const int32_t rows_k = varlen ? p.total_k : p.seqlen_k;
-    auto stride = [](int64_t s, int32_t extent) { return extent > 1 ? s : int64_t(8); };
     const ShapeRows shape_q{rows_q, kHeadDim, p.nheads, batch};
     const ShapeRows shape_k{rows_k, kHeadDim, p.nheads_k, batch};
     const ShapeRows shape_vt{kHeadDim, rows_k, p.nheads_k, batch};
-    const StrideRows stride_q{stride(p.q_row_stride, rows_q), _1{}, stride(p.q_head_stride, p.nheads),
-                              stride(p.q_batch_stride, batch)};
-    const StrideRows stride_k{stride(p.k_row_stride, rows_k), _1{}, stride(p.k_head_stride, p.nheads_k),
-                              stride(p.k_batch_stride, batch)};
-    const StrideRowsT stride_vt{_1{}, stride(p.v_row_stride, rows_k), stride(p.v_head_stride, p.nheads_k),
-                                stride(p.v_batch_stride, batch)};
+    const StrideRows stride_q{tma_stride(p.q_row_stride, rows_q), _1{}, tma_stride(p.q_head_stride, p.nheads),
+                              tma_stride(p.q_batch_stride, batch)};
+    const StrideRows stride_k{tma_stride(p.k_row_stride, rows_k), _1{}, tma_stride(p.k_head_stride, p.nheads_k),
+                              tma_stride(p.k_batch_stride, batch)};
+    const StrideRowsT stride_vt{_1{}, tma_stride(p.v_row_stride, rows_k), tma_stride(p.v_head_stride, p.nheads_k),
+                                tma_stride(p.v_batch_stride, batch)};
     return {make_tma<typename Traits::SmemLayoutQ, Shape<Int<kBlockM>, Int<kHeadDim>>>(
                 static_cast<const Element*>(p.q), shape_q, stride_q),
             make_tma<typename Traits::SmemLayoutKStage, Shape<Int<kBlockN>, Int<kHeadDim>>>(

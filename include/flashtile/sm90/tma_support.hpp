@@ -20,6 +20,11 @@ inline bool tma_stride_ok(int64_t stride_elements, int64_t extent) {
   return extent <= 1 || (stride_elements > 0 && stride_elements % 8 == 0 && stride_elements < kMaxElements);
 }
 
+// The stride a descriptor is given for a mode of `extent`: the tensor's
+// own, or for a mode of extent 1, which TMA never steps, a harmless 8
+// elements whatever the caller's (TMA refuses some, 0 among them).
+inline int64_t tma_stride(int64_t stride_elements, int64_t extent) { return extent > 1 ? stride_elements : 8; }
+
 // TMA can step a (rows, head dim, heads, batch) tensor with these strides.
 inline bool tma_tensor_ok(int64_t row_stride, int64_t head_stride, int64_t batch_stride, int64_t rows, int64_t heads,
                           int64_t batch) {
