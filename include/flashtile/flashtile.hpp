@@ -20,9 +20,9 @@
 #include "flashtile/layout_checks.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
-#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm90/device.hpp"
 #include "flashtile/sm90/tma_support.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 

@@ -19,19 +19,19 @@
 #include <utility>
 #include <vector>
 
+#include "flashtile/common/bwd_schedule.hpp"
+#include "flashtile/common/bwd_tile.hpp"
+#include "flashtile/common/bwd_walk.hpp"
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
-#include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
-#include "flashtile/sm80/bwd_walk.hpp"
-#include "flashtile/sm80/bwd_tile.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 #include "flashtile/sm90/bwd_launch.hpp"
-#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/sm90/fwd_traits.hpp"
 #include "flashtile/sm90/gemm.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/workspace.hpp"
 
 using namespace cute;
@@ -318,8 +318,8 @@ void check_bwd_dq_accum(const char* config) {
   };
   // Both layouts: 4-value vectors (sm90) and scalars (sm80).
   const bool once = kValues % 4 == 0 &&
-                    bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 4>(t, i); }) &&
-                    bijective([](int t, int i) { return flashtile::sm80::dq_accum_offset<kThreads, 1>(t, i); });
+                    bijective([](int t, int i) { return flashtile::dq_accum_offset<kThreads, 4>(t, i); }) &&
+                    bijective([](int t, int i) { return flashtile::dq_accum_offset<kThreads, 1>(t, i); });
   expect(once, config, "dQ accumulator layout is a bijection onto the block");
 }
 
@@ -545,8 +545,8 @@ void check_block_mask(const char* config) {
         // head, query block) pairs as the default one, each masked alike,
         // its query blocks in ascending order (a GQA group of 3 heads).
         for (int n = 0; n < n_blocks; ++n) {
-          const flashtile::sm80::BwdQueryWalk<kKind, kM, kN> walk(mask, n, 1, 3);
-          const flashtile::sm80::BwdQueryWalk<kKind, kM, kN, true> ascending(mask, n, 1, 3);
+          const flashtile::BwdQueryWalk<kKind, kM, kN> walk(mask, n, 1, 3);
+          const flashtile::BwdQueryWalk<kKind, kM, kN, true> ascending(mask, n, 1, 3);
           std::set<std::tuple<int, int, bool>> pairs, ascending_pairs;
           int last_m = -1;
           for (int it = 0; it < walk.iterations; ++it) {
@@ -593,7 +593,7 @@ void check_tile_schedule() {
       for (int64_t head_bytes : {int64_t(1), int64_t(3) << 20, int64_t(7) << 20, int64_t(1) << 40}) {
         std::vector<int> hits(blocks_per_head * heads, 0);
         for (int block = 0; block < blocks_per_head * heads; ++block) {
-          const auto c = flashtile::sm80::bwd_tile_coord(block, blocks_per_head, heads, head_bytes);
+          const auto c = flashtile::bwd_tile_coord(block, blocks_per_head, heads, head_bytes);
           if (c.block_order < 0 || c.block_order >= blocks_per_head || c.head < 0 || c.head >= heads) {
             bijective = false;
           } else {

@@ -189,7 +189,7 @@ struct Dropout {
   }
 
   // keep_bits when on, else every bit set (the backward's recomputation
-  // applies the mask on every element without branching, bwd_tile.hpp).
+  // applies the mask on every element without branching, common/bwd_tile.hpp).
   // Two Philox rounds per loop iteration: with straight-line rounds the
   // local-window scoremod backward's query-block body was not inlined (3.9
   // KB of stack, d128).

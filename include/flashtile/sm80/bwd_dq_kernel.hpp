@@ -18,16 +18,16 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashtile/common/bwd_schedule.hpp"
+#include "flashtile/common/bwd_tile.hpp"
+#include "flashtile/common/copy.hpp"
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/common/gmem.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/sm80/bwd_schedule.hpp"
-#include "flashtile/sm80/bwd_tile.hpp"
-#include "flashtile/sm80/copy.hpp"
-#include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ __align__(128) char smem[];
 
-  // The 1-D grid in bands of heads (bwd_schedule.hpp). A CTA streams its
+  // The 1-D grid in bands of heads (common/bwd_schedule.hpp). A CTA streams its
   // head's K and V. Causal: the last query blocks see the most keys, so they
   // are each head's block order 0.
   const int m_blocks = ceil_div(params.seqlen_q, kBlockM);

@@ -35,20 +35,20 @@
 
 #include <type_traits>
 
+#include "flashtile/common/bwd_schedule.hpp"
+#include "flashtile/common/bwd_tile.hpp"
+#include "flashtile/common/bwd_walk.hpp"
+#include "flashtile/common/copy.hpp"
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/common/gmem.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/workspace.hpp"
-#include "flashtile/sm80/copy.hpp"
-#include "flashtile/sm80/gmem.hpp"
-#include "flashtile/sm80/bwd_schedule.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
-#include "flashtile/sm80/bwd_tile.hpp"
-#include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm80/gemm.hpp"
+#include "flashtile/workspace.hpp"
 
 namespace flashtile::sm80 {
 
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ __align__(128) char smem[];
 
-  // The 1-D grid in bands of heads (bwd_schedule.hpp); in a split tail
+  // The 1-D grid in bands of heads (common/bwd_schedule.hpp); in a split tail
   // several CTAs share a key block (bwd_tail_split.hpp).
   const int n_blocks = ceil_div(params.seqlen_k, kBlockN);
   const int group = params.nheads / params.nheads_k;
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);                              // (CPY, CPY_M, CPY_K)
 
   // The (query head, query block) pairs that see this CTA's keys
-  // (bwd_walk.hpp): iteration it -> query_block_of(it).
+  // (common/bwd_walk.hpp): iteration it -> query_block_of(it).
   const BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, group);
   const int masked_iterations = query_block_of.masked_iterations;
   // This CTA's iterations: all of them, or its part's slice in a split tail.

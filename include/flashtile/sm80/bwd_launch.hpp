@@ -16,15 +16,14 @@
 #include <limits>
 #include <type_traits>
 
+#include "flashtile/common/bwd_aux_kernels.hpp"
+#include "flashtile/common/device.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/smem_budget.hpp"
-#include "flashtile/sm80/bwd_aux_kernels.hpp"
 #include "flashtile/sm80/bwd_dq_kernel.hpp"
 #include "flashtile/sm80/bwd_kernel.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
-#include "flashtile/sm80/device.hpp"
-#include "flashtile/sm90/bwd_kernel.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/status.hpp"
 #include "flashtile/workspace.hpp"
 
@@ -43,17 +42,14 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
   return cudaPeekAtLastError();  // left set, so the caller can read the cause
 }
 
-// The main kernel's instantiation for a launch: the wgmma kernel
-// (sm90/bwd_kernel.hpp) for the SM90 path's traits, else this path's; dQ by
-// atomics or not (the deterministic mode), fixed-length or varlen, with
-// dropout's code or without (the modified kernels only).
-template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
-auto* dkdv_kernel_for(bool varlen, bool dropout) {
-  if constexpr (Traits::kWgmma) {
-    static_assert(!kScoreMod, "the wgmma kernel is plain attention only");
-    return varlen ? &sm90::bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true>
-                  : &sm90::bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, false>;
-  } else {
+// This path's main kernel for a launch of run_bwd_with: dQ by atomics or
+// not (the deterministic mode), fixed-length or varlen, with dropout's code
+// or without (the modified kernels only). A launcher of other main kernels
+// in this sequence (d192's wgmma kernel, sm90/bwd_launch.hpp) passes its
+// own struct of this form.
+struct Sm80MainKernel {
+  template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
+  static auto* for_launch(bool varlen, bool dropout) {
     if constexpr (kScoreMod) {
       if (dropout) {
         return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, true>
@@ -63,10 +59,10 @@ auto* dkdv_kernel_for(bool varlen, bool dropout) {
     return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
                   : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
   }
-}
+};
 
-// Launches a main kernel from dkdv_kernel_for; the wgmma kernel takes no
-// tail split.
+// Launches a main kernel of run_bwd_with; the wgmma kernel takes no tail
+// split.
 template <class Traits, class Kernel>
 cudaError_t launch_dkdv(Kernel* kernel, dim3 grid, cudaStream_t stream, const BwdParams& params, float* dq_accum,
                         const float* dsum, const BwdTailSplit& tail) {
@@ -111,33 +107,12 @@ auto* dq_kernel_for(bool dropout) {
   return &bwd_dq_kernel<DqTraits, kMask, kScoreMod, false>;
 }
 
-// Launches the rowsum kernel: dsum = rowsum(dO ∘ O) into ws.dsum, and the
-// first zero_bytes of ws.dq_accum (and what follows it) zeroed.
-template <class Element, int kHeadDim>
-cudaError_t launch_bwd_rowsum(const BwdParams& params, const BwdWorkspace& ws, size_t zero_bytes,
-                              cudaStream_t stream) {
-  const int64_t rows = bwd_query_rows(params) * params.nheads;
-  constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
-  // The rowsum kernel walks rows in the (batch, nheads, seqlen_q) layout of
-  // lse and dsum; a varlen batch's (nheads, total_q) is that layout for one
-  // sequence of total_q rows.
-  BwdParams rows_params = params;
-  if (is_varlen(params)) {
-    rows_params.batch = 1;
-    rows_params.seqlen_q = params.total_q;
-    rows_params.cu_seqlens_q = nullptr;
-  }
-  bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
-      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
-  return cudaPeekAtLastError();
-}
-
 // The backward with explicit tile traits: Traits for the main kernel,
 // DqTraits for the deterministic mode's dQ kernel. kMask must be what
 // resolve_mask() makes of params' causal flag and window (else
 // kInvalidArgument). Returns kUnsupportedDevice, before any launch, when the
 // current GPU's shared memory per block is too small for the kernels.
-template <class Traits, class DqTraits, MaskKind kMask, bool kScoreMod = false>
+template <class Traits, class DqTraits, MaskKind kMask, bool kScoreMod = false, class MainKernel = Sm80MainKernel>
 Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -186,7 +161,7 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   const bool dropout = params.dropout_p > 0.f;
   if constexpr (!Traits::kDqOwnKernel) {
     if (!dq_by_kernel) {
-      auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
+      auto* dkdv_kernel = MainKernel::template for_launch<Traits, kMask, true, kScoreMod>(varlen, dropout);
       if (launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, ws.dq_accum, dsum, tail) != cudaSuccess) {
         return Status::kCudaError;
       }
@@ -202,7 +177,7 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   }
   // The main kernel without a dQ accumulator (that variant never touches
   // it), then the dQ kernel.
-  auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, false, kScoreMod>(varlen, dropout);
+  auto* dkdv_kernel = MainKernel::template for_launch<Traits, kMask, false, kScoreMod>(varlen, dropout);
   cudaError_t err = launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, static_cast<float*>(nullptr), dsum,
                                         tail);
   if (err != cudaSuccess) return Status::kCudaError;
@@ -241,16 +216,16 @@ constexpr SmemBudget bwd_smem_needed() {
 
 // run_bwd_with for the mask that params ask for, with MainTraits<kIsCausal>
 // (as BwdTraitsFor) for the main kernel.
-template <template <bool> class MainTraits, class DqTraits, bool kScoreMod>
+template <template <bool> class MainTraits, class DqTraits, bool kScoreMod, class MainKernel = Sm80MainKernel>
 Status run_bwd_for_mask(const BwdParams& params, cudaStream_t stream) {
   int window_left = params.window_left, window_right = params.window_right;
   switch (resolve_mask(params.causal, window_left, window_right)) {
     case MaskKind::kNone:
-      return run_bwd_with<MainTraits<false>, DqTraits, MaskKind::kNone, kScoreMod>(params, stream);
+      return run_bwd_with<MainTraits<false>, DqTraits, MaskKind::kNone, kScoreMod, MainKernel>(params, stream);
     case MaskKind::kCausal:
-      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kCausal, kScoreMod>(params, stream);
+      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kCausal, kScoreMod, MainKernel>(params, stream);
     default:
-      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kLocal, kScoreMod>(params, stream);
+      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kLocal, kScoreMod, MainKernel>(params, stream);
   }
 }
 

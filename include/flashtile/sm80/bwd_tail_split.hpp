@@ -11,21 +11,28 @@
 // iterations): the tail then takes half a wave. A split CTA adds its partial dK
 // and dV (fp32, unscaled, in the dK/dV product's register order) into the
 // workspace's tail accumulator with atomics, and bwd_convert_dkv_tail_kernel
-// (bwd_aux_kernels.hpp) writes them out after the main kernel. Only the
+// (at the end of this file) writes them out after the main kernel. Only the
 // plain, fixed-length, mask-free kernels with dQ atomics split; causal and
 // local CTAs differ in length and are scheduled longest-first instead
-// (bwd_schedule.hpp).
+// (common/bwd_schedule.hpp).
 #pragma once
 
-#include <cute/config.hpp>
+#include <cute/tensor.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "flashtile/common/bwd_schedule.hpp"
+#include "flashtile/common/bwd_tile.hpp"
 #include "flashtile/common/mask.hpp"
+#include "flashtile/common/seqlen.hpp"
+#include "flashtile/params.hpp"
 #include "flashtile/workspace.hpp"
 
 namespace flashtile::sm80 {
+
+using namespace cute;
 
 // The kernels whose CTAs are all alike, so whose grid can split its tail:
 // no mask and no score modifiers. The main kernel adds its own terms
@@ -111,5 +118,40 @@ struct BwdTailPart {
   CUTE_HOST_DEVICE int begin(int iterations) const { return int(int64_t(part) * iterations / parts); }
   CUTE_HOST_DEVICE int end(int iterations) const { return int(int64_t(part + 1) * iterations / parts); }
 };
+
+// dk = softmax_scale · Σ dK and dv = Σ dV of each key block the main kernel
+// split (fixed-length, bwd_tail_split.hpp), from the tail accumulator, in
+// the input dtype with dk's and dv's strides. One CTA per split key block:
+// block b is task tail.first_task + b. Each thread reads back the values it
+// would hold in the dK/dV product, as the main kernel's unsplit epilogue
+// writes them.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads)
+    bwd_convert_dkv_tail_kernel(const __grid_constant__ BwdParams params, const BwdTailSplit tail) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  const int task = tail.first_task + int(blockIdx.x);
+  const BwdTileCoord tile = bwd_main_tile_coord(params, task, ceil_div(params.seqlen_k, kBlockN), kHeadDim);
+  const int n_block = tile.block_order;
+  const int head_k = tile.head % params.nheads_k;
+  const int batch = tile.head / params.nheads_k;
+  const int tid = threadIdx.x;
+  const SeqInfo seq(params, batch, std::false_type{});
+  auto [gK, gV, gdK, gdV] = key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
+  const int rows_valid = seq.seqlen_k_rows - n_block * kBlockN;
+  __shared__ __align__(128) Element smem_stage[kBlockN * kHeadDim];
+  Tensor sStage = make_tensor(make_smem_ptr(smem_stage), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+
+  typename Traits::TiledMmadKV mma_dkv;
+  Tensor acc = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
+  const float* slot = tail.slot<kBlockN, kHeadDim>(task);
+  load_tile_accum<Traits::kNThreads>(acc, slot, tid);
+  store_tile_staged<Traits>(mma_dkv, acc, sStage, gdK, rows_valid, params.softmax_scale, tid);
+  __syncthreads();  // every thread's dK row segments are out of the stage
+  load_tile_accum<Traits::kNThreads>(acc, slot + kBlockN * kHeadDim, tid);
+  store_tile_staged<Traits>(mma_dkv, acc, sStage, gdV, rows_valid, 1.f, tid);
+}
 
 }  // namespace flashtile::sm80

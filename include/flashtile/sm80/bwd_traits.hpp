@@ -16,8 +16,8 @@
 
 #include <type_traits>
 
+#include "flashtile/common/smem_layout.hpp"
 #include "flashtile/smem_budget.hpp"
-#include "flashtile/sm80/smem_layout.hpp"
 
 namespace flashtile::sm80 {
 
@@ -227,7 +227,7 @@ struct BwdTraits {
   static constexpr int kNWarps = Config::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr bool kWgmma = false;  // mma.sync products (sm90/bwd_traits.hpp: wgmma)
-  static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0, "swizzle atoms tile whole rows (smem_layout.hpp)");
+  static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0, "swizzle atoms tile whole rows (common/smem_layout.hpp)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
                                      MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,

@@ -23,6 +23,7 @@
 
 #include <type_traits>
 
+#include "flashtile/common/copy.hpp"
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
@@ -30,7 +31,6 @@
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/common/softmax.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/sm80/copy.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {

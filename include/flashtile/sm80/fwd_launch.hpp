@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "flashtile/common/device.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/smem_budget.hpp"
 #include "flashtile/sm80/attn_probs_kernel.hpp"
-#include "flashtile/sm80/device.hpp"
 #include "flashtile/sm80/fwd_kernel.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
+#include "flashtile/smem_budget.hpp"
 #include "flashtile/status.hpp"
 
 namespace flashtile::sm80 {

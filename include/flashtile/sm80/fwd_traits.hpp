@@ -13,8 +13,8 @@
 
 #include <type_traits>
 
+#include "flashtile/common/smem_layout.hpp"
 #include "flashtile/smem_budget.hpp"
-#include "flashtile/sm80/smem_layout.hpp"
 
 namespace flashtile::sm80 {
 
@@ -157,7 +157,7 @@ struct FwdTraits {
   using TiledMma = TiledMMA<MmaAtom, Layout<Shape<Int<kNWarps>, _1, _1>>,
                             Tile<Int<16 * kNWarps>, _16, _16>>;
 
-  // Shared memory: swizzled tiles (smem_layout.hpp), conflict-free for the
+  // Shared memory: swizzled tiles (common/smem_layout.hpp), conflict-free for the
   // cp.async stores and the ldmatrix reads.
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // (kBlockM, kHeadDim)
   using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // (kBlockN, kHeadDim)

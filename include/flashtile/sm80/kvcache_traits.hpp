@@ -10,7 +10,7 @@
 
 #include <type_traits>
 
-#include "flashtile/sm80/smem_layout.hpp"
+#include "flashtile/common/smem_layout.hpp"
 
 namespace flashtile::sm80 {
 

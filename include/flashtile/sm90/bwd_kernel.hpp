@@ -16,18 +16,18 @@
 
 #include <type_traits>
 
+#include "flashtile/common/bwd_schedule.hpp"
+#include "flashtile/common/bwd_tile.hpp"
+#include "flashtile/common/bwd_walk.hpp"
+#include "flashtile/common/copy.hpp"
 #include "flashtile/common/fragment.hpp"
+#include "flashtile/common/gmem.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/workspace.hpp"
-#include "flashtile/sm80/bwd_schedule.hpp"
-#include "flashtile/sm80/bwd_tile.hpp"
-#include "flashtile/sm80/bwd_walk.hpp"
-#include "flashtile/sm80/copy.hpp"
-#include "flashtile/sm80/gmem.hpp"
 #include "flashtile/sm90/gemm.hpp"
+#include "flashtile/workspace.hpp"
 
 namespace flashtile::sm90 {
 
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int n_blocks = ceil_div(params.seqlen_k, kBlockN);
   const int group = params.nheads / params.nheads_k;
-  const sm80::BwdTileCoord tile = sm80::bwd_main_tile_coord(params, int(blockIdx.x), n_blocks, kHeadDim);
+  const BwdTileCoord tile = bwd_main_tile_coord(params, int(blockIdx.x), n_blocks, kHeadDim);
   const int n_block = tile.block_order;
   const int head_k = tile.head % params.nheads_k;
   const int batch = tile.head / params.nheads_k;
@@ -71,9 +71,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const float scale_log2 = score_mod.score_scale() * float(M_LOG2E);
 
   // This CTA's K and V tiles and its dK, dV outputs.
-  auto [gK, gV, gdK, gdV] = sm80::key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
+  auto [gK, gV, gdK, gdV] = key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
   if (kVarlen && kv_rows_valid <= 0) {
-    sm80::store_zero_dkdv<Traits>(gdK, gdV, kv_rows_out, tid);
+    store_zero_dkdv<Traits>(gdK, gdV, kv_rows_out, tid);
     return;
   }
 
@@ -107,34 +107,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);                              // (CPY, CPY_M, CPY_K)
 
   // The (query head, query block) pairs that see this CTA's keys
-  // (sm80/bwd_walk.hpp): iteration it -> query_block_of(it).
-  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, group);
+  // (common/bwd_walk.hpp): iteration it -> query_block_of(it).
+  const BwdQueryWalk<kMask, kBlockM, kBlockN> query_block_of(mask, n_block, head_k, group);
   const int masked_iterations = query_block_of.masked_iterations;
   const int iterations = query_block_of.iterations;
 
   auto load_query_block = [&](int it, int buf) {
     const auto [head, m_block] = query_block_of(it);
     const int q_rows_valid = seqlen_q - m_block * kBlockM;
-    Tensor gQ = local_tile(sm80::head_rows<kHeadDim>(static_cast<const Element*>(params.q),
+    Tensor gQ = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.q),
                                                seq.q_offset(params.q_batch_stride, params.q_row_stride),
                                                params.q_row_stride, params.q_head_stride, head, seqlen_q),
                            ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-    Tensor gdO = local_tile(sm80::head_rows<kHeadDim>(static_cast<const Element*>(params.dout),
+    Tensor gdO = local_tile(head_rows<kHeadDim>(static_cast<const Element*>(params.dout),
                                                 seq.q_offset(params.dout_batch_stride, params.dout_row_stride),
                                                 params.dout_row_stride, params.dout_head_stride, head, seqlen_q),
                             ShapeQ{}, make_coord(m_block, 0));  // (kBlockM, kHeadDim)
-    sm80::copy_rows_async_zfill<Element>(gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
-    sm80::copy_rows_async_zfill<Element>(gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, buf), tQcQ, q_rows_valid);
+    copy_rows_async_zfill<Element>(gmem_thr_copy.partition_S(gQ), in_buffer(tQsQ, buf), tQcQ, q_rows_valid);
+    copy_rows_async_zfill<Element>(gmem_thr_copy.partition_S(gdO), in_buffer(tdOsdO, buf), tQcQ, q_rows_valid);
     const int64_t row_offset = seq.row_index(params, head) + m_block * kBlockM;
     using RowCopy = typename Traits::RowCopyAtom;
-    sm80::load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
-    sm80::load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum + buf * kBlockM, q_rows_valid,
+    load_rows_async<kBlockM>(RowCopy{}, params.lse + row_offset, smem_lse + buf * kBlockM, q_rows_valid, tid);
+    load_rows_async<kBlockM>(RowCopy{}, dsum + row_offset, smem_dsum + buf * kBlockM, q_rows_valid,
                                    tid - kBlockM);
   };
 
-  sm80::copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), tKVcKV,
+  copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), tKVcKV,
                           kv_rows_valid);
-  sm80::copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), tKVcKV,
+  copy_rows_or_zero(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), tKVcKV,
                           kv_rows_valid);
   if (iterations > 0) load_query_block(0, 0);
   cp_async_fence();
@@ -189,8 +189,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     warpgroup_wait<0>();
 
     if constexpr (decltype(masked)::value) mask.apply(acc_s, tScS, m_block, n_block);
-    sm80::recompute_p_and_ds(acc_s, acc_dp, tScS, sm80::RowsInSmem{smem_lse + buf * kBlockM},
-                             sm80::RowsInSmem{smem_dsum + buf * kBlockM}, scale_log2, score_mod, m_block * kBlockM,
+    recompute_p_and_ds(acc_s, acc_dp, tScS, RowsInSmem{smem_lse + buf * kBlockM},
+                             RowsInSmem{smem_dsum + buf * kBlockM}, scale_log2, score_mod, m_block * kBlockM,
                              n_block * kBlockN, seqlen_q - m_block * kBlockM);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_s)), tPsP);
     copy(copy_PdS, thr_copy_PdS.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
@@ -204,11 +204,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       gemm_async<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
       warpgroup_wait<2>();  // dQ's product done; dV's and dK's run on
       float* dq_block = dq_accum + (bwd_dq_accum_row(params, seq, head) + m_block * kBlockM) * kHeadDim;
-      constexpr int kVector = sm80::dq_accum_vector();
+      constexpr int kVector = dq_accum_vector();
       static_assert(decltype(size(acc_dq))::value % kVector == 0);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += kVector) {
-        sm80::atomic_add_vector<kVector>(dq_block + sm80::dq_accum_offset<Traits::kNThreads, kVector>(tid, i), acc_dq,
+        atomic_add_vector<kVector>(dq_block + dq_accum_offset<Traits::kNThreads, kVector>(tid, i), acc_dq,
                                          i);
       }
     } else {
@@ -223,8 +223,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   cp_async_wait<0>();
   __syncthreads();
-  sm80::store_tile_staged<Traits>(mma_dkv, acc_dk, sK, gdK, kv_rows_out, params.softmax_scale, tid);
-  sm80::store_tile_staged<Traits>(mma_dkv, acc_dv, sV, gdV, kv_rows_out, 1.f, tid);
+  store_tile_staged<Traits>(mma_dkv, acc_dk, sK, gdK, kv_rows_out, params.softmax_scale, tid);
+  store_tile_staged<Traits>(mma_dkv, acc_dv, sV, gdV, kv_rows_out, 1.f, tid);
 #endif
 }
 

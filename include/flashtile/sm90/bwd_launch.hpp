@@ -14,10 +14,12 @@
 
 #include <type_traits>
 
+#include "flashtile/common/bwd_aux_kernels.hpp"
+#include "flashtile/common/device.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_launch.hpp"
-#include "flashtile/sm80/device.hpp"
+#include "flashtile/sm90/bwd_kernel.hpp"
 #include "flashtile/sm90/bwd_traits.hpp"
 #include "flashtile/sm90/bwd_ws_kernel.hpp"
 #include "flashtile/sm90/bwd_ws_staged_traits.hpp"
@@ -28,6 +30,17 @@
 #include "flashtile/workspace.hpp"
 
 namespace flashtile::sm90 {
+
+// d192's wgmma main kernel (bwd_kernel.hpp), as the SM80 launch sequence
+// takes its main kernel (sm80::Sm80MainKernel's form).
+struct WgmmaMainKernel {
+  template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
+  static auto* for_launch(bool varlen, bool /*dropout*/) {
+    static_assert(!kScoreMod, "the wgmma kernel is plain attention only");
+    return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true>
+                  : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, false>;
+  }
+};
 
 template <int kHeadDim, class Element>
 struct BwdTraitsFor {
@@ -48,11 +61,11 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdWsTraitsFor<kHeadDim, Element>;
   // The conversion kernel reads dq_accum back in the consumers' order.
   using ConvertTraits = BwdWsConvertTraits<Traits>;
-  const Status fits = sm80::check_smem_per_block(Traits::kSmemBytes);
+  const Status fits = check_smem_per_block(Traits::kSmemBytes);
   if (fits != Status::kSuccess) return fits;
   const BwdWorkspace ws = bwd_workspace_layout(params, params.workspace);
   // The accumulator and (deterministic mode) the turn counters after it.
-  if (sm80::launch_bwd_rowsum<Element, kHeadDim>(params, ws, ws.dq_accum_bytes + ws.dq_turn_bytes, stream) !=
+  if (launch_bwd_rowsum<Element, kHeadDim>(params, ws, ws.dq_accum_bytes + ws.dq_turn_bytes, stream) !=
       cudaSuccess) {
     return Status::kCudaError;
   }
@@ -67,14 +80,14 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   }
   const BwdWsParams<Traits> kernel_params =
       BwdWsParams<Traits>::make(params, ws.dq_accum, deterministic ? ws.dq_turns : nullptr, ws.dsum);
-  // One CTA per key block of one K/V head (bwd_schedule.hpp's order);
+  // One CTA per key block of one K/V head (common/bwd_schedule.hpp's order);
   // can_implement_bwd bounds the grid.
   const dim3 grid(unsigned(ceil_div(params.seqlen_k, Traits::kBlockN) * params.nheads_k * params.batch));
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(kernel_params);
   if (cudaPeekAtLastError() != cudaSuccess) return Status::kCudaError;
 
   const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, ConvertTraits::kBlockM) * params.nheads * params.batch));
-  sm80::bwd_convert_dq_kernel<ConvertTraits><<<convert_grid, ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
+  bwd_convert_dq_kernel<ConvertTraits><<<convert_grid, ConvertTraits::kNThreads, 0, stream>>>(params, ws.dq_accum);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
@@ -101,8 +114,8 @@ Status run_bwd(const BwdParams& params, cudaStream_t stream) {
     }
   } else {
     return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
-                                  sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false>(params,
-                                                                                                         stream);
+                                  sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false,
+                                  WgmmaMainKernel>(params, stream);
   }
 }
 

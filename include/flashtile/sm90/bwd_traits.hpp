@@ -18,7 +18,7 @@
 
 #include <type_traits>
 
-#include "flashtile/sm80/smem_layout.hpp"
+#include "flashtile/common/smem_layout.hpp"
 
 namespace flashtile::sm90 {
 
@@ -69,9 +69,9 @@ struct BwdTraits {
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;    // Q and dO: (kBlockM, kHeadDim)
   using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;   // K and V: (kBlockN, kHeadDim)
   using SmemLayoutPdS = SmemLayoutTile<kBlockM, kBlockN>;   // P and dS: (kBlockM, kBlockN)
-  using SmemLayoutQt = sm80::TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
-  using SmemLayoutKt = sm80::TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
-  using SmemLayoutPdSt = sm80::TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;  // (kBlockN, kBlockM)
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
+  using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;  // (kBlockN, kBlockM)
 
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -82,9 +82,9 @@ struct BwdTraits {
 
   // Q, dO, K, V in (cp.async) and dK, dV, dQ out, one thread group per atom row.
   using GmemTiledCopy =
-      sm80::GmemTiledCopyForAtom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element, kNThreads, kAtomCols<kHeadDim>>;
+      GmemTiledCopyForAtom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element, kNThreads, kAtomCols<kHeadDim>>;
   using GmemTiledCopyStore =
-      sm80::GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, kAtomCols<kHeadDim>>;
+      GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, kAtomCols<kHeadDim>>;
   using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
   using RowCopyAtom = SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>;
 };

@@ -1,7 +1,7 @@
 // The warp-specialized SM90 backward's main kernel (tiles and roles in
 // sm90/bwd_ws_traits.hpp). One CTA per key block of kBlockN keys of one K/V
 // head; the query blocks that see those keys (every query head of the GQA
-// group, sm80/bwd_walk.hpp's order) stream through a two-stage ring:
+// group, common/bwd_walk.hpp's order) stream through a two-stage ring:
 //
 //   loader warp     K, V once (TMA); per query block: wait for its stage to
 //                   be free, write the block's LSE · log2(e) and D there,
@@ -11,7 +11,7 @@
 //                   while dPᵀ's product runs; dSᵀ in registers and staged;
 //                   dV += Pᵀ·dO issued; both warpgroups meet; dQ = dS·K,
 //                   then dK += dSᵀ·Q, dQ added into the fp32 accumulator
-//                   from registers (red.global.add.v4.f32, bwd_tile.hpp's
+//                   from registers (red.global.add.v4.f32, common/bwd_tile.hpp's
 //                   register order) while dK's product runs; the stage freed
 //
 // then dK (scaled) and dV are written from the consumers' registers. With
@@ -33,19 +33,19 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "flashtile/common/bwd_schedule.hpp"
+#include "flashtile/common/bwd_tile.hpp"
+#include "flashtile/common/bwd_walk.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/workspace.hpp"
-#include "flashtile/sm80/bwd_schedule.hpp"
-#include "flashtile/sm80/bwd_tile.hpp"
-#include "flashtile/sm80/bwd_walk.hpp"
 #include "flashtile/sm90/bwd_ws_traits.hpp"
 #include "flashtile/sm90/column_values.hpp"
 #include "flashtile/sm90/dq_turns.hpp"
 #include "flashtile/sm90/gemm.hpp"
 #include "flashtile/sm90/tma_support.hpp"
+#include "flashtile/workspace.hpp"
 
 namespace flashtile::sm90 {
 
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   BwdParams const& p = params.bwd;
 
   const int n_blocks = ceil_div(p.seqlen_k, kBlockN);
-  const sm80::BwdTileCoord coord = sm80::bwd_main_tile_coord(p, int(blockIdx.x), n_blocks, kHeadDim);
+  const BwdTileCoord coord = bwd_main_tile_coord(p, int(blockIdx.x), n_blocks, kHeadDim);
   // The deterministic mode runs a head's key blocks last first, the order
   // in which they add a query block's dQ (sm90/dq_turns.hpp).
   const int n_block = kDeterministic ? n_blocks - 1 - coord.block_order : coord.block_order;
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   if (kVarlen && n_block * kBlockN >= seq.seqlen_k_rows) return;  // past this sequence's keys
   const int kv_rows_valid = seq.seqlen_k - n_block * kBlockN;      // attended keys of the block
   const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-  const sm80::BwdQueryWalk<kMask, kBlockM, kBlockN, kDeterministic> query_block_of(mask, n_block, head_k,
+  const BwdQueryWalk<kMask, kBlockM, kBlockN, kDeterministic> query_block_of(mask, n_block, head_k,
                                                                                      p.nheads / p.nheads_k);
   // Keys that no query attends (past seqused_k) have dK = dV = 0: the
   // consumers write their zero accumulators, nothing is loaded.
@@ -290,10 +290,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         int* turn = params.dq_turns + dq_offset / (int64_t(kBwdDqTurnRows) * kHeadDim);
         wait_for_dq_turn<kMmaThreads>(turn, mask.n_block_end(m_block) - 1 - n_block, mma_tid,
                                       Traits::kBarrierConsumers);
-        sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
+        add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
         pass_dq_turn<kMmaThreads>(turn, mma_tid, Traits::kBarrierConsumers);
       } else {
-        sm80::add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
+        add_tile_atomic<kMmaThreads>(params.dq_accum + dq_offset, acc_dq, mma_tid);
       }
     };
 
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // dK · softmax_scale and dV, in the output dtype, each thread's column
     // pairs as 4-byte words; rows past the sequence's keys left alone (rows
     // past seqused_k get their zeros: no P reached them).
-    auto [gK, gV, gdK, gdV] = sm80::key_block_tiles<kHeadDim, kBlockN, Element>(p, seq, head_k, n_block);
+    auto [gK, gV, gdK, gdV] = key_block_tiles<kHeadDim, kBlockN, Element>(p, seq, head_k, n_block);
     const int rows_out = seq.seqlen_k_rows - n_block * kBlockN;
     Tensor cKV = rowcol_view(thr_dkv.partition_C(make_identity_tensor(ShapeKV{})));  // (rows, cols) -> (key, d)
     auto store = [&](auto const& acc, auto& out, float scale) {

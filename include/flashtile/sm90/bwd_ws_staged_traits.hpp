@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "flashtile/sm80/smem_layout.hpp"
+#include "flashtile/common/smem_layout.hpp"
 
 namespace flashtile::sm90 {
 
@@ -81,9 +81,9 @@ struct BwdWsStagedTraits {
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // Q, dO: (kBlockM, kHeadDim), one stage
   using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // K, V: (kBlockN, kHeadDim)
   using SmemLayoutPdS = SmemLayoutTile<kBlockM, kBlockN>;  // P, dS: (kBlockM, kBlockN)
-  using SmemLayoutQt = sm80::TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
-  using SmemLayoutKt = sm80::TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
-  using SmemLayoutPdSt = sm80::TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;  // (kBlockN, kBlockM)
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
+  using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;  // (kBlockN, kBlockM)
   // P and dS from the accumulator's registers by stmatrix.
   using SmemCopyAtomPdS = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 

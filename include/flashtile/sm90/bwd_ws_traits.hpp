@@ -29,7 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "flashtile/sm80/smem_layout.hpp"
+#include "flashtile/common/smem_layout.hpp"
 
 namespace flashtile::sm90 {
 
@@ -108,9 +108,9 @@ struct BwdWsTraits {
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // Q, dO: (kBlockM, kHeadDim), one stage
   using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // K, V: (kBlockN, kHeadDim)
   using SmemLayoutdSt = SmemLayoutTile<kBlockN, kBlockM>;  // dSᵀ: (kBlockN, kBlockM)
-  using SmemLayoutQt = sm80::TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
-  using SmemLayoutKt = sm80::TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
-  using SmemLayoutdS = sm80::TransposedLayout<SmemLayoutdSt, kBlockN, kBlockM>;    // (kBlockM, kBlockN)
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
+  using SmemLayoutdS = TransposedLayout<SmemLayoutdSt, kBlockN, kBlockM>;    // (kBlockM, kBlockN)
   // dSᵀ from the accumulator's registers by stmatrix (8 × 8 tiles of 16-bit
   // values, 16-byte rows): the element-wise copy compiled to 16 generic
   // 4-byte stores, each waited on before its address register was reused.
@@ -144,7 +144,7 @@ struct BwdWsTraits {
   static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
 };
 
-// What sm80::bwd_convert_dq_kernel reads of a main kernel's traits, for
+// What bwd_convert_dq_kernel reads of a main kernel's traits, for
 // the dQ accumulator BwdWsTraits' consumers fill: their dQ product's
 // register order over kMmaThreads threads, one kBlockM-row block at a time.
 template <class WsTraits>
@@ -156,7 +156,7 @@ struct BwdWsConvertTraits {
   using TiledMmadQ = typename WsTraits::TiledMmadQ;
   using SmemLayoutQ = typename WsTraits::SmemLayoutQ;  // the conversion's bf16/fp16 stage
   using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
-  using GmemTiledCopyStore = sm80::GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, 64>;
+  using GmemTiledCopyStore = GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, 64>;
 };
 
 }  // namespace flashtile::sm90

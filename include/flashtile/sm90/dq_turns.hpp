@@ -13,7 +13,7 @@
 // counter with a release.
 //
 // Last first, because each key block walks its query blocks in ascending
-// order from its own first one (sm80/bwd_walk.hpp, kAscending), which lies
+// order from its own first one (common/bwd_walk.hpp, kAscending), which lies
 // further on the higher the key block: the key block above reached query
 // block m a few iterations earlier in its walk. In the other order key block
 // n would idle until key block 0 had walked up to n's first query block.

@@ -12,8 +12,8 @@
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/device.hpp"
 #include "flashtile/sm90/fwd_kernel.hpp"
-#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/sm90/fwd_traits.hpp"
+#include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/status.hpp"
 
 namespace flashtile::sm90 {

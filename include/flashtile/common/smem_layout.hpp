@@ -1,5 +1,6 @@
 // Shared-memory tile layouts and global <-> shared tiled copies of the SM80
-// kernels, for tiles of 2-byte elements whose column count (a head dim or a
+// kernels (and the SM90 backward's cp.async loads and the layouts it
+// transposes), for tiles of 2-byte elements whose column count (a head dim or a
 // key block) is a multiple of 32.
 //
 // A tile is built from 8-row swizzle atoms. With a multiple of 64 columns the
@@ -15,7 +16,7 @@
 #include <cute/atom/copy_atom.hpp>
 #include <cute/tensor.hpp>
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 using namespace cute;
 
@@ -51,4 +52,4 @@ using GmemTiledCopyForAtom = decltype(make_tiled_copy(
 template <class CopyOp, class Element, int kNThreads, int kCols>
 using GmemTiledCopyFor = GmemTiledCopyForAtom<CopyOp, Element, kNThreads, kSmemAtomCols<kCols>>;
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

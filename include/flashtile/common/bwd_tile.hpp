@@ -1,6 +1,7 @@
-// Pieces shared by the SM80 backward kernels (bwd_kernel.hpp, the main dK/dV
-// kernel; bwd_dq_kernel.hpp, the deterministic mode's dQ kernel; and the
-// convert kernel of bwd_aux_kernels.hpp): the recomputation of P and dS for
+// Pieces shared by the backward kernels (sm80/bwd_kernel.hpp, the main dK/dV
+// kernel; sm80/bwd_dq_kernel.hpp, the deterministic mode's dQ kernel; the
+// convert kernel of bwd_aux_kernels.hpp; and the SM90 kernels, which take
+// some of them): the recomputation of P and dS for
 // one (kBlockM, kBlockN) tile and the two ways it reads a block's LSE and D
 // rows (shared memory or registers), the asynchronous loads of a block's
 // rows (Q and dO; LSE and D), the dQ accumulator's layout and its vector
@@ -15,12 +16,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "flashtile/common/copy.hpp"
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
-#include "flashtile/sm80/copy.hpp"
-#include "flashtile/sm80/gmem.hpp"
+#include "flashtile/common/gmem.hpp"
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 using namespace cute;
 
@@ -112,7 +113,7 @@ struct RowsInRegs {
 // chunks with cp.async, the rows at or past rows_valid zero-filled by the
 // same instruction (a source size of 0 bytes: nothing is read). The main
 // kernel's Q and dO loads use it: with copy_rows_or_zero's separate zero
-// stores (copy.hpp), predicated off on every full block yet issued, that
+// stores (common/copy.hpp), predicated off on every full block yet issued, that
 // backward ran 3–5 % slower at head dims 128 and 192 and 1–2 % at 96
 // (benchmarks/NOTES.md, "Backward: zero-filling cp.async").
 template <class Element, class Src, class Dst, class Coords>
@@ -296,4 +297,4 @@ CUTE_DEVICE void store_tile_staged(TiledMma const& tiled_mma, Acc& acc, Stage&& 
   copy_rows(gmem_copy, tSr, gmem_thr_copy.partition_D(out), tSc, rows_valid);
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

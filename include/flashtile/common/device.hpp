@@ -7,7 +7,7 @@
 
 #include "flashtile/status.hpp"
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 // kSuccess when the current device offers `bytes` of shared memory per block
 // (opt-in): sm90 227 KB, sm80 163 KB, sm86/sm89/sm120 99 KB. Otherwise
@@ -52,4 +52,4 @@ int resident_ctas() {
   return sms * per_sm;
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

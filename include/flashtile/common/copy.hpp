@@ -1,11 +1,12 @@
-// Row-guarded tile copies shared by the SM80 kernels: a tile's last block of
+// Row-guarded tile copies shared by the SM80 kernels and d192's SM90
+// backward: a tile's last block of
 // rows may run past the sequence, and those rows must be neither read nor
 // written (and, in shared memory, zero so they add nothing to a product).
 #pragma once
 
 #include <cute/tensor.hpp>
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 using namespace cute;
 
@@ -38,4 +39,4 @@ CUTE_DEVICE void copy_rows(TiledCopy const& tiled_copy, Src const& src, Dst&& ds
   }
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

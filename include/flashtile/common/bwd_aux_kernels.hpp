@@ -1,20 +1,23 @@
-// The small kernels around the backward's main kernel: rowsum(dO ∘ O) before
-// it, and after it dQ's conversion from the fp32 accumulator and, when the
-// main kernel split its tail (bwd_tail_split.hpp), that of the split key
-// blocks' dK and dV.
+// The small kernels around both paths' backward main kernels: rowsum(dO ∘ O)
+// before it, and after it dQ's conversion from the fp32 accumulator. (The
+// SM80 main kernel's split tail has its own conversion,
+// sm80/bwd_tail_split.hpp.)
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include <cstddef>
+#include <cstdint>
+
+#include "flashtile/common/bwd_tile.hpp"
+#include "flashtile/common/gmem.hpp"
+#include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/sm80/bwd_schedule.hpp"
-#include "flashtile/sm80/bwd_tail_split.hpp"
-#include "flashtile/sm80/bwd_tile.hpp"
-#include "flashtile/sm80/gmem.hpp"
 #include "flashtile/workspace.hpp"
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 using namespace cute;
 
@@ -111,39 +114,25 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   store_tile_staged<Traits>(mma_dq, acc_dq, sdQ, gdQ, rows_valid, params.softmax_scale, tid);
 }
 
-// dk = softmax_scale · Σ dK and dv = Σ dV of each key block the main kernel
-// split (fixed-length, bwd_tail_split.hpp), from the tail accumulator, in
-// the input dtype with dk's and dv's strides. One CTA per split key block:
-// block b is task tail.first_task + b. Each thread reads back the values it
-// would hold in the dK/dV product, as the main kernel's unsplit epilogue
-// writes them.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kNThreads)
-    bwd_convert_dkv_tail_kernel(const __grid_constant__ BwdParams params, const BwdTailSplit tail) {
-  using Element = typename Traits::Element;
-  constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  using ShapeKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
-  const int task = tail.first_task + int(blockIdx.x);
-  const BwdTileCoord tile = bwd_main_tile_coord(params, task, ceil_div(params.seqlen_k, kBlockN), kHeadDim);
-  const int n_block = tile.block_order;
-  const int head_k = tile.head % params.nheads_k;
-  const int batch = tile.head / params.nheads_k;
-  const int tid = threadIdx.x;
-  const SeqInfo seq(params, batch, std::false_type{});
-  auto [gK, gV, gdK, gdV] = key_block_tiles<kHeadDim, kBlockN, Element>(params, seq, head_k, n_block);
-  const int rows_valid = seq.seqlen_k_rows - n_block * kBlockN;
-  __shared__ __align__(128) Element smem_stage[kBlockN * kHeadDim];
-  Tensor sStage = make_tensor(make_smem_ptr(smem_stage), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
-
-  typename Traits::TiledMmadKV mma_dkv;
-  Tensor acc = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_N, MMA_D)
-  const float* slot = tail.slot<kBlockN, kHeadDim>(task);
-  load_tile_accum<Traits::kNThreads>(acc, slot, tid);
-  store_tile_staged<Traits>(mma_dkv, acc, sStage, gdK, rows_valid, params.softmax_scale, tid);
-  __syncthreads();  // every thread's dK row segments are out of the stage
-  load_tile_accum<Traits::kNThreads>(acc, slot + kBlockN * kHeadDim, tid);
-  store_tile_staged<Traits>(mma_dkv, acc, sStage, gdV, rows_valid, 1.f, tid);
+// Launches the rowsum kernel: dsum = rowsum(dO ∘ O) into ws.dsum, and the
+// first zero_bytes of ws.dq_accum (and what follows it) zeroed.
+template <class Element, int kHeadDim>
+cudaError_t launch_bwd_rowsum(const BwdParams& params, const BwdWorkspace& ws, size_t zero_bytes,
+                              cudaStream_t stream) {
+  const int64_t rows = bwd_query_rows(params) * params.nheads;
+  constexpr int kRowsPerCta = kDotRowsPerCta<Element, kHeadDim>;
+  // The rowsum kernel walks rows in the (batch, nheads, seqlen_q) layout of
+  // lse and dsum; a varlen batch's (nheads, total_q) is that layout for one
+  // sequence of total_q rows.
+  BwdParams rows_params = params;
+  if (is_varlen(params)) {
+    rows_params.batch = 1;
+    rows_params.seqlen_q = params.total_q;
+    rows_params.cu_seqlens_q = nullptr;
+  }
+  bwd_dot_do_o_kernel<Element, kHeadDim><<<unsigned(ceil_div(rows, int64_t(kRowsPerCta))), kDotThreads, 0, stream>>>(
+      rows_params, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), int64_t(zero_bytes / sizeof(float4)));
+  return cudaPeekAtLastError();
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

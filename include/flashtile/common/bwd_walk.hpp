@@ -22,7 +22,7 @@
 
 #include "flashtile/common/mask.hpp"
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 using namespace cute;
 
@@ -82,4 +82,4 @@ struct BwdQueryWalk {
   }
 };
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 // The bytes of streamed operands a band's heads may share in L2 (of the
 // H100/H200's 50 MB), leaving room for the band in flight before it.
@@ -47,4 +47,4 @@ CUTE_HOST_DEVICE BwdTileCoord bwd_main_tile_coord(Params const& params, int task
                         int64_t(group) * params.seqlen_q * head_dim * (2 + 2 + 4));
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile

@@ -1,4 +1,4 @@
-// Global-memory views shared by the SM80 backward kernels: the rows of one
+// Global-memory views shared by the backward kernels of both paths: the rows of one
 // (sequence, head) of a (batch, seqlen, heads, head_dim) tensor, or of a
 // packed (total, heads, head_dim) one, whose strides are arbitrary (in
 // elements) and whose last dim is contiguous. (The backward's SASS is identical with and without this helper.
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 using namespace cute;
 
@@ -23,4 +23,4 @@ CUTE_DEVICE auto head_rows(Element* base, int64_t seq_offset, int64_t row_stride
                      make_stride(row_stride, _1{}));
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile
