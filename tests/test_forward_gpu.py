@@ -419,8 +419,9 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
     """On an sm90 device the forward of an sm90-built head dim runs the wgmma
     kernel: the plain variant, and the scoremod one for softcap and ALiBi;
     the other tests of this file and test_score_mod_gpu.py then check their
-    results there. What it does not take runs the sm80 kernel: dropout and a
-    stride TMA cannot step (K and V expanded over heads)."""
+    results there. K and V expanded over their heads run as one KV head
+    there too. What it does not take runs the sm80 kernel: dropout and a
+    stride TMA cannot step (K and V expanded over the batch)."""
     require_sm90_forward()
     for head_dim, name in SM90_FWD_BUILT:
         q, k, v = rand_qkv(1, 200, 300, 4, 2, head_dim, DTYPES[name])
@@ -440,8 +441,13 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
 
         k1, v1 = k[:, :, :1].expand(-1, -1, 4, -1), v[:, :, :1].expand(-1, -1, 4, -1)  # head stride 0
         out, lse, names = forward_kernel_names(q, k1, v1, causal=causal)
-        assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
+        assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
         check_against_reference(q, k1, v1, out, lse, causal)
+        q2 = torch.cat([q, torch.randn_like(q)])
+        k2, v2 = k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)  # batch stride 0
+        out, lse, names = forward_kernel_names(q2, k2, v2, causal=causal)
+        assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
+        check_against_reference(q2, k2, v2, out, lse, causal)
 
 
 

@@ -435,14 +435,19 @@ def test_empty_inputs_give_defined_results_and_zero_grads(batch, seqlen_q, seqle
     torch.cuda.synchronize()
 
 
-def test_broadcast_kv_with_stride_zero():
-    """k and v expanded over the batch (stride 0) are valid inputs: read, not
-    written; their gradient sums over the batch through autograd."""
+@pytest.mark.parametrize("dim", [0, 2], ids=["over_batch", "over_heads"])
+def test_broadcast_kv_with_stride_zero(dim):
+    """k and v expanded over the batch or over their heads (stride 0) are
+    valid inputs: read, not written; their gradient sums over that dim
+    through autograd. (Expanded over heads, the forward runs them as one KV
+    head: flashtile.hpp's with_broadcast_kv_as_one_head.)"""
     head_dim, dtype = default_config()
     q = torch.randn(3, 130, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
-    k1, v1 = (torch.randn(1, 190, 2, head_dim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
-    k, v = k1.expand(3, -1, -1, -1), v1.expand(3, -1, -1, -1)
-    assert k.stride(0) == 0
+    shape = [3, 190, 2, head_dim]
+    shape[dim] = 1
+    k1, v1 = (torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    k, v = k1.expand(3, -1, 2, -1), v1.expand(3, -1, 2, -1)
+    assert k.stride(dim) == 0 and v.stride(dim) == 0
     out = flashtile.flash_attn_func(q, k, v, causal=True)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k1, v1), dout)
@@ -451,8 +456,8 @@ def test_broadcast_kv_with_stride_zero():
                                                            upcast=False)
     assert_close_fa_rule(out, ref_out, pt_out, "out")
     assert_close_fa_rule(grads[0], ref_dq, pt_dq, "dq")
-    assert_close_fa_rule(grads[1], ref_dk.sum(0, keepdim=True), pt_dk.float().sum(0, keepdim=True), "dk", atol=1e-4)
-    assert_close_fa_rule(grads[2], ref_dv.sum(0, keepdim=True), pt_dv.float().sum(0, keepdim=True), "dv", atol=1e-4)
+    assert_close_fa_rule(grads[1], ref_dk.sum(dim, keepdim=True), pt_dk.float().sum(dim, keepdim=True), "dk", atol=1e-4)
+    assert_close_fa_rule(grads[2], ref_dv.sum(dim, keepdim=True), pt_dv.float().sum(dim, keepdim=True), "dv", atol=1e-4)
 
 
 def spot_check_heads(q, k, v, dout, out, lse, grads, picks, causal):

@@ -212,13 +212,24 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   return launch(p, stream);
 }
 
+// K and V expanded over their heads (both with head stride 0, as torch's
+// expand makes them) hold one head's keys and values for every query head:
+// the same forward as one KV head, which the TMA kernels take (they cannot
+// step a stride of 0) and which reads them once for all query heads. (The
+// backward keeps the heads: dk and dv have one per KV head.)
+inline FwdParams with_broadcast_kv_as_one_head(FwdParams p) {
+  if (p.nheads_k > 1 && p.k_head_stride == 0 && p.v_head_stride == 0) p.nheads_k = 1;
+  return p;
+}
+
 // Runs the forward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma/TMA path's where one is built, sm90_dispatch_allowed and
 // its kernels take params (sm90/tma_support.hpp: plain attention, strides TMA
 // can step), else the sm80 path's for the GPU's shared memory (as bwd).
-inline Status fwd(const FwdParams& p, cudaStream_t stream) {
-  const Status ok = can_implement_fwd(p);
+inline Status fwd(const FwdParams& params, cudaStream_t stream) {
+  const Status ok = can_implement_fwd(params);
   if (ok != Status::kSuccess) return ok;
+  const FwdParams p = with_broadcast_kv_as_one_head(params);
   const KernelRegistry& registry = KernelRegistry::instance();
   FwdLauncher launch = nullptr;
   if (sm90_dispatch_allowed(registry) && sm90::fwd_supports(p)) {

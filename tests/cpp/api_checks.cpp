@@ -120,6 +120,26 @@ int main() {
   expect(flashtile::can_implement_fwd(valid_fwd()) == Status::kSuccess, "valid forward params pass");
   expect(flashtile::can_implement_bwd(valid_bwd()) == Status::kSuccess, "valid backward params pass");
 
+  // K and V expanded over their heads (head stride 0) are one KV head to the
+  // forward, which the TMA kernels take; expanded over the batch, or only
+  // one of them, they stay as they are (the SM80 kernels take them).
+  {
+    Fwd expanded = valid_fwd();
+    expanded.k_head_stride = expanded.v_head_stride = 0;
+    const Fwd folded = flashtile::with_broadcast_kv_as_one_head(expanded);
+    expect(flashtile::can_implement_fwd(expanded) == Status::kSuccess && folded.nheads_k == 1 &&
+               !flashtile::sm90::fwd_supports(expanded) && flashtile::sm90::fwd_supports(folded),
+           "k and v expanded over heads run as one KV head on the TMA kernels");
+    Fwd k_only = valid_fwd();
+    k_only.k_head_stride = 0;
+    Fwd over_batch = valid_fwd();
+    over_batch.k_batch_stride = over_batch.v_batch_stride = 0;
+    expect(flashtile::with_broadcast_kv_as_one_head(k_only).nheads_k == 2 &&
+               flashtile::with_broadcast_kv_as_one_head(over_batch).nheads_k == 2 &&
+               !flashtile::sm90::fwd_supports(over_batch),
+           "k alone, or k and v over the batch, keep their heads");
+  }
+
   // Forward: each bad field, one at a time.
   expect_refused<Fwd>("fwd: null q", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.q = nullptr; }, valid_fwd());
   expect_refused<Fwd>("fwd: null lse", Status::kInvalidArgument, fwd_check, [](Fwd& p) { p.lse = nullptr; }, valid_fwd());

@@ -6,7 +6,9 @@
 // bytes below 2^40 bytes; a mode of extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
 // batch) and larger strides run kernels without TMA: the SM80 forward and
-// backward, or d192's wgmma backward (sm90/bwd_kernel.hpp).
+// backward, or d192's wgmma backward (sm90/bwd_kernel.hpp). (The forward
+// first folds K and V expanded over their heads into one KV head:
+// flashtile.hpp's with_broadcast_kv_as_one_head.)
 #pragma once
 
 #include <cstdint>
