@@ -6,6 +6,6 @@ namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm90, 128, DType::kBf16, Variant::kPlain},
-    &sm90::run_bwd<128, cutlass::bfloat16_t>, SmemBudget::k227KB);
+    &sm90::run_bwd<128, cutlass::bfloat16_t, false>, SmemBudget::k227KB);
 }  // namespace
 }  // namespace flashtile

@@ -6,6 +6,6 @@ namespace flashtile {
 namespace {
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm90, 192, DType::kFp16, Variant::kPlain},
-    &sm90::run_bwd<192, cutlass::half_t>, SmemBudget::k227KB);
+    &sm90::run_bwd<192, cutlass::half_t, false>, SmemBudget::k227KB);
 }  // namespace
 }  // namespace flashtile

@@ -17,12 +17,14 @@ import sys
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = {"fp16": ("cutlass::half_t", "kFp16"), "bf16": ("cutlass::bfloat16_t", "kBf16")}
 ARCH = "sm80"  # the mma.sync path; runs on sm80 and newer
-# The wgmma backward (include/flashtile/sm90/), plain variant only:
-# bwd_sm90_hdim{d}_{dtype}.cu, compiled for sm90a only. Head dims 64, 128
-# and 256 run the warp-specialized TMA kernel (sm90/bwd_ws_kernel.hpp), 192 the
-# wgmma main kernel that beat the sm80 one on the H200 (benchmarks/NOTES.md,
-# "Backward on wgmma").
+# The wgmma backward (include/flashtile/sm90/): bwd_sm90_hdim{d}_{dtype}[_scoremod].cu,
+# compiled for sm90a only. Head dims 64, 128 and 256 run the warp-specialized
+# TMA kernel (sm90/bwd_ws_kernel.hpp), in both variants (its scoremod one
+# applies softcap and ALiBi; dropout runs the sm80 kernels); 192 the wgmma
+# main kernel that beat the sm80 one on the H200 (benchmarks/NOTES.md,
+# "Backward on wgmma"), plain only.
 SM90_BWD_HEAD_DIMS = (64, 128, 192, 256)
+SM90_BWD_SCOREMOD_HEAD_DIMS = (64, 128, 256)
 # The warp-specialized wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp):
 # fwd_sm90_hdim{d}_{dtype}[_scoremod].cu, compiled for sm90a only, for the
 # head dims whose kernels have passed the GPU suite and the fuzzer on the
@@ -97,8 +99,8 @@ SM90_BWD_TEMPLATE = """\
 namespace flashtile {{
 namespace {{
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
-    {{Direction::kBwd, Arch::kSm90, {hdim}, DType::{dtype_enum}, Variant::kPlain}},
-    &sm90::run_bwd<{hdim}, {cpp_type}>, SmemBudget::k227KB);
+    {{Direction::kBwd, Arch::kSm90, {hdim}, DType::{dtype_enum}, Variant::{variant_enum}}},
+    &sm90::run_bwd<{hdim}, {cpp_type}, {score_mod}>, SmemBudget::k227KB);
 }}  // namespace
 }}  // namespace flashtile
 """
@@ -169,8 +171,12 @@ def kernel_files():
                                                smaller_check=BUDGET_CHECKS[direction].format(**fields)))
     for hdim in SM90_BWD_HEAD_DIMS:
         for dtype, (cpp_type, dtype_enum) in DTYPES.items():
-            yield (f"bwd_sm90_hdim{hdim}_{dtype}.cu",
-                   SM90_BWD_TEMPLATE.format(hdim=hdim, cpp_type=cpp_type, dtype_enum=dtype_enum))
+            for suffix, variant_enum, score_mod in VARIANTS.values():
+                if score_mod == "true" and hdim not in SM90_BWD_SCOREMOD_HEAD_DIMS:
+                    continue
+                yield (f"bwd_sm90_hdim{hdim}_{dtype}{suffix}.cu",
+                       SM90_BWD_TEMPLATE.format(hdim=hdim, cpp_type=cpp_type, dtype_enum=dtype_enum,
+                                                variant_enum=variant_enum, score_mod=score_mod))
     for hdim in HEAD_DIMS:
         for dtype, (cpp_type, dtype_enum) in DTYPES.items():
             yield (f"kvcache_{ARCH}_hdim{hdim}_{dtype}.cu",

@@ -3,9 +3,10 @@ with FlashAttention's error rule: each alone and both together, with no
 mask, causal and a sliding window, seqlen_q above, equal to and below
 seqlen_k, every kernel head dim, fp16 and bf16, GQA, (nheads,) and
 (batch, nheads) slopes in any layout, the deterministic backward, and the
-packed functions. On an H100/H200 the forward cases run twice: on the
-dispatch's choice (the wgmma forward's scoremod variant) and on the sm80
-kernels that other GPUs run."""
+packed functions. On an H100/H200 the cases run twice: on the dispatch's
+choice (the wgmma forward's scoremod variant; the warp-specialized
+backward's at head dims 64, 128 and 256) and on the sm80 kernels that other
+GPUs run."""
 
 import contextlib
 
@@ -17,7 +18,7 @@ if not torch.cuda.is_available():
 
 import flashtile
 from flashtile import _C, _checks
-from kernel_names import sm80_kernels_only
+from kernel_names import cuda_kernel_names, require_sm90, sm80_kernels_only, sm90_built
 from reference import assert_close_fa_rule, attention_ref, attention_ref_backward
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -203,3 +204,24 @@ def test_negative_alibi_slopes(dtype_name):
     slopes = -torch.rand(2, 4, device="cuda") * 0.5
     check(q, k, v, alibi_slopes=slopes)
     check(q, k, v, causal=True, alibi_slopes=slopes, deterministic=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_backward_with_score_mods_is_the_kernel_that_runs(causal):
+    """On an sm90 device softcap and ALiBi's backward runs the warp-specialized
+    kernel's scoremod variant where it is built (head dims 64, 128, 256),
+    with gradients as the reference's; dropout runs the sm80 kernels."""
+    require_sm90("bwd")
+    pairs = sm90_built("bwd", "scoremod")
+    if not pairs:
+        pytest.skip("this build has no sm90 scoremod backward (FLASHTILE_VARIANTS)")
+    for head_dim, name in pairs:
+        q, k, v = rand_qkv(2, 190, 250, 4, 2, head_dim, DTYPES[name], scale=2.0)
+        args = mod_args("softcap+alibi", 2, 4)
+        _, names = cuda_kernel_names(lambda: check(q, k, v, causal=causal, **args))
+        assert any("flashtile::sm90::bwd_ws_kernel" in n for n in names), (head_dim, names)
+        assert not any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), (head_dim, names)
+        if (head_dim, name) in BUILT:
+            out = flashtile.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal, **args)
+            _, names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), torch.randn_like(out)))
+            assert any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), (head_dim, names)

@@ -7,7 +7,9 @@
 // registers (sm90/bwd_ws_traits.hpp); d256 splits them by head dim and
 // stages P and dS in shared memory (sm90/bwd_ws_staged_traits.hpp). Other
 // head dims run the SM80 launcher's sequence (sm80/bwd_launch.hpp) with the
-// wgmma main kernel of sm90/bwd_kernel.hpp. Plain attention only.
+// wgmma main kernel of sm90/bwd_kernel.hpp, plain attention only. Softcap
+// and ALiBi run the warp-specialized kernel's kScoreMod instantiations;
+// dropout the SM80 kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -55,8 +57,8 @@ using BwdWsTraitsFor =
     std::conditional_t<(kHeadDim > 128), BwdWsStagedTraits<kHeadDim, Element>, BwdWsTraits<kHeadDim, Element>>;
 
 // The warp-specialized backward for mask kMask (what resolve_mask makes of
-// params' causal flag and window).
-template <int kHeadDim, class Element, MaskKind kMask>
+// params' causal flag and window), with softcap and ALiBi where kScoreMod.
+template <int kHeadDim, class Element, MaskKind kMask, bool kScoreMod>
 Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdWsTraitsFor<kHeadDim, Element>;
   // The conversion kernel reads dq_accum back in the consumers' order.
@@ -71,10 +73,10 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
   }
 
   const bool deterministic = params.deterministic, varlen = is_varlen(params);
-  auto* kernel = deterministic ? (varlen ? &bwd_ws_kernel<Traits, kMask, true, true>
-                                         : &bwd_ws_kernel<Traits, kMask, true, false>)
-                               : (varlen ? &bwd_ws_kernel<Traits, kMask, false, true>
-                                         : &bwd_ws_kernel<Traits, kMask, false, false>);
+  auto* kernel = deterministic ? (varlen ? &bwd_ws_kernel<Traits, kMask, true, true, kScoreMod>
+                                         : &bwd_ws_kernel<Traits, kMask, true, false, kScoreMod>)
+                               : (varlen ? &bwd_ws_kernel<Traits, kMask, false, true, kScoreMod>
+                                         : &bwd_ws_kernel<Traits, kMask, false, false, kScoreMod>);
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
   }
@@ -94,23 +96,24 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
 // Entry point a generated kernels/bwd_sm90_*.cu file instantiates and
 // registers. Assumes can_implement_bwd(params) passed. Returns
 // kUnsupportedDevice, before any launch, on a GPU other than compute
-// capability 9.0, and kInvalidArgument for softcap, ALiBi or dropout and,
-// at the warp-specialized head dims, for strides TMA cannot step
-// (bwd_takes(params) false).
-template <int kHeadDim, class Element>
+// capability 9.0, and kInvalidArgument for params bwd_takes refuses
+// (sm90/tma_support.hpp: dropout; softcap or ALiBi without kScoreMod, or at
+// a head dim without the warp-specialized kernel; there, strides TMA cannot
+// step).
+template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
+  static_assert(!kScoreMod || bwd_warp_specialized(kHeadDim), "softcap and ALiBi: the warp-specialized kernel only");
   if (!device_is_sm90()) return Status::kUnsupportedDevice;
-  if (uses_score_mod(params)) return Status::kInvalidArgument;
+  if (!bwd_takes(params) || (!kScoreMod && uses_score_mod(params))) return Status::kInvalidArgument;
   if constexpr (bwd_warp_specialized(kHeadDim)) {
-    if (!bwd_supports(params)) return Status::kInvalidArgument;
     BwdParams p = params;  // with causal folded into the window
     switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
       case MaskKind::kNone:
-        return run_bwd_ws<kHeadDim, Element, MaskKind::kNone>(p, stream);
+        return run_bwd_ws<kHeadDim, Element, MaskKind::kNone, kScoreMod>(p, stream);
       case MaskKind::kCausal:
-        return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal>(p, stream);
+        return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal, kScoreMod>(p, stream);
       default:
-        return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal>(p, stream);
+        return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal, kScoreMod>(p, stream);
     }
   } else {
     return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,

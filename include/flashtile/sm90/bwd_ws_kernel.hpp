@@ -19,7 +19,15 @@
 // compute S and dP with the queries on wgmma's M, stage P and dS in shared
 // memory, meet, and issue dQ, dV and dK from there, adding dQ while dV's
 // and dK's products run. With kDeterministic the key blocks add a query
-// block's dQ in key-block order (sm90/dq_turns.hpp). Plain attention only.
+// block's dQ in key-block order (sm90/dq_turns.hpp).
+//
+// With kScoreMod the kernel applies softcap and ALiBi (common/score_mod.hpp,
+// decided at run time): Sᵀ's tile becomes t = tanh(·) before the mask, and
+// once dPᵀ is in, one pass makes P = exp2((t + bias) · scale − LSE) and
+// dS = P ∘ (dP − D) ∘ (1 − t²), the chain rule through the tanh, as the
+// SM80 kernels do (common/bwd_tile.hpp's recompute_p_and_ds). That pass
+// needs t and dPᵀ together, so its exponentials wait for dPᵀ's product
+// instead of running under it. Dropout is not taken (the SM80 kernels).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -38,6 +46,7 @@
 #include "flashtile/common/bwd_walk.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
+#include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/sm90/bwd_ws_traits.hpp"
@@ -125,7 +134,7 @@ CUTE_DEVICE auto bwd_sequence_rows(Tensor_ const& m, int head, SeqInfo const& se
   return domain_offset(make_coord(0, _0{}), m(_, _, head, seq.batch));
 }
 
-template <class Traits, MaskKind kMask, bool kDeterministic, bool kVarlen>
+template <class Traits, MaskKind kMask, bool kDeterministic, bool kVarlen, bool kScoreMod = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_ws_kernel(const __grid_constant__ BwdWsParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -262,7 +271,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor acc_dv = partition_fragment_C(mma_dkv, ShapeKV{});  // (MMA, MMA_M, MMA_N)
     clear(acc_dk);
     clear(acc_dv);
-    const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+    // The score modifiers of this (batch, KV head); ALiBi's slope is the
+    // query head's, set per query block (block_mod). Without them
+    // score_scale() is softmax_scale.
+    const ScoreMod<kScoreMod> mod(p.softmax_scale, p.softcap, seq.seqlen_q, seq.seqlen_k, 0.f);
+    const float scale_log2 = mod.score_scale() * float(M_LOG2E);
+    // The modifiers of query block `it`: its query head's ALiBi slope (the
+    // walk's head; the loader hands the consumers only the block index).
+    auto block_mod = [&](int it) {
+      if constexpr (kScoreMod) {
+        if (p.alibi_slopes != nullptr) return mod.with_alibi_slope(alibi_slope(p, seq.batch, get<0>(query_block_of(it))));
+      }
+      return mod;
+    };
 
     if (iterations > 0) {
       TransactionBarrier::wait(&storage.barrier_kv, 0);
@@ -324,10 +345,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // The LSE of this thread's query columns read while the products run:
         // read after them, shared memory's queue behind the products' operand
         // reads stalled the exponentials (11 % of the warps' samples, ncu).
+        // (The modified kernels without split column values read LSE and D
+        // from shared memory in their one pass.)
+        constexpr bool kColumnValuesInRegs = !kScoreMod || Traits::kSplitColumnValues;
         ColumnValues<kBlockM, Traits::kSplitColumnValues> lse_log2;  // of the thread's query columns
-        lse_log2.load(storage.lse_log2[stage], lane);
+        if constexpr (kColumnValuesInRegs) lse_log2.load(storage.lse_log2[stage], lane);
         warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
         warpgroup_fence_operand(acc_s);
+        mod.apply_softcap(acc_s);  // before the mask, whose −inf tanh would turn into −1
 
         if (query_block_of.masked(it, m_block)) {
           // Each element's (key, query) as a constant offset from the
@@ -339,27 +364,61 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (anchored.hides(get<1>(tScS(i)) - get<1>(first), get<0>(tScS(i)) - get<0>(first))) acc_s(i) = -INFINITY;
           }
         }
-        // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e)
         Tensor st = rowcol_view(acc_s);   // (keys, queries)
         Tensor dpt = rowcol_view(acc_dp); // (keys, queries)
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(st); ++ni) {
-          const float lse = lse_log2(ni);
+        if constexpr (!kScoreMod) {
+          // Pᵀ = exp2(Sᵀ · scale · log2 e − LSE · log2 e)
           CUTE_UNROLL
-          for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse);
-        }
-        // D read while dPᵀ's product runs, into the LSE's registers.
-        ColumnValues<kBlockM, Traits::kSplitColumnValues> dsum;  // of the thread's query columns
-        dsum.load(storage.dsum[stage], lane);
+          for (int ni = 0; ni < size<1>(st); ++ni) {
+            const float lse = lse_log2(ni);
+            CUTE_UNROLL
+            for (int mi = 0; mi < size<0>(st); ++mi) st(mi, ni) = fast_exp2(st(mi, ni) * scale_log2 - lse);
+          }
+          // D read while dPᵀ's product runs, into the LSE's registers.
+          ColumnValues<kBlockM, Traits::kSplitColumnValues> dsum;  // of the thread's query columns
+          dsum.load(storage.dsum[stage], lane);
 
-        // dSᵀ = Pᵀ ∘ (dPᵀ − D)
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_dp);
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(st); ++ni) {
-          const float d = dsum(ni);
+          // dSᵀ = Pᵀ ∘ (dPᵀ − D)
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_dp);
           CUTE_UNROLL
-          for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - d);
+          for (int ni = 0; ni < size<1>(st); ++ni) {
+            const float d = dsum(ni);
+            CUTE_UNROLL
+            for (int mi = 0; mi < size<0>(st); ++mi) dpt(mi, ni) = st(mi, ni) * (dpt(mi, ni) - d);
+          }
+        } else {
+          ColumnValues<kBlockM, Traits::kSplitColumnValues> dsum;  // of the thread's query columns
+          if constexpr (kColumnValuesInRegs) dsum.load(storage.dsum[stage], lane);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_dp);
+          // Pᵀ = exp2((t + bias) · scale · log2 e − LSE · log2 e) and
+          // dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ (1 − t²) in one pass (1 − t² only with
+          // softcap; its max with 0 makes a masked t = −inf's 0). LSE and D
+          // split between lanes where the traits split them (d64), else from
+          // shared memory a column at a time: the 16 of each a d128 thread
+          // holds, in registers beside t and dPᵀ, spilled (ptxas: 32-52
+          // bytes, 4-8 this way; at d64 the reads spilled 96-120 bytes
+          // against the split values' 36-100).
+          const auto modifiers = block_mod(it);
+          const float dtanh_weight = modifiers.has_softcap() ? 1.f : 0.f;
+          Tensor cst = rowcol_view(tScS);  // (keys, queries) -> (key, query)
+          const int key0 = n_block * kBlockN, query0 = m_block * kBlockM;
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(st); ++ni) {
+            const int query = get<1>(cst(0, ni));
+            const float lse = kColumnValuesInRegs ? lse_log2(ni) : storage.lse_log2[stage][query];
+            const float d = kColumnValuesInRegs ? dsum(ni) : storage.dsum[stage][query];
+            CUTE_UNROLL
+            for (int mi = 0; mi < size<0>(st); ++mi) {
+              const float t = st(mi, ni);
+              const float bias = modifiers.bias(query0 + get<1>(cst(mi, ni)), key0 + get<0>(cst(mi, ni)));
+              const float pt = fast_exp2((t + bias) * scale_log2 - lse);
+              const float dtanh = fmaxf(0.f, 1.f - dtanh_weight * t * t);
+              st(mi, ni) = pt;
+              dpt(mi, ni) = pt * (dpt(mi, ni) - d) * dtanh;
+            }
+          }
         }
         // Pᵀ and dSᵀ as the A operands of dV and dK: ((2, 2, 2), MMA_M, MMA_K).
         // Converted only now: at d64, Pᵀ's 16-bit copy beside Sᵀ, dPᵀ and D
@@ -443,6 +502,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int mi = 0; mi < kRows; ++mi) lse_log2[mi] = storage.lse_log2[stage][get<0>(cS(mi, 0))];
         warpgroup_wait<1>();  // S; dP's product runs under the exponentials
         warpgroup_fence_operand(acc_s);
+        mod.apply_softcap(acc_s);  // before the mask, whose −inf tanh would turn into −1
 
         if (query_block_of.masked(it, m_block)) {
           const auto first = cS(0, 0);
@@ -457,24 +517,50 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
         }
-        // P = exp2(S · scale · log2 e − LSE · log2 e)
-        CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(s); ++mi) {
-          CUTE_UNROLL
-          for (int ni = 0; ni < size<1>(s); ++ni) s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - lse_log2[mi]);
-        }
         Tensor tPrP = make_tensor_like<Element>(acc_s);
-        convert_fragment_into(acc_s, tPrP);
-        copy(copy_pds, thr_copy_pds.retile_S(tPrP), thr_copy_pds.partition_D(sP));
-
-        // dS = P ∘ (dP − D)
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_dp);
-        CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(dp); ++mi) {
-          const float d = storage.dsum[stage][get<0>(cS(mi, 0))];
+        if constexpr (!kScoreMod) {
+          // P = exp2(S · scale · log2 e − LSE · log2 e)
           CUTE_UNROLL
-          for (int ni = 0; ni < size<1>(dp); ++ni) dp(mi, ni) = s(mi, ni) * (dp(mi, ni) - d);
+          for (int mi = 0; mi < size<0>(s); ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(s); ++ni) s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - lse_log2[mi]);
+          }
+          convert_fragment_into(acc_s, tPrP);
+          copy(copy_pds, thr_copy_pds.retile_S(tPrP), thr_copy_pds.partition_D(sP));
+
+          // dS = P ∘ (dP − D)
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_dp);
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(dp); ++mi) {
+            const float d = storage.dsum[stage][get<0>(cS(mi, 0))];
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(dp); ++ni) dp(mi, ni) = s(mi, ni) * (dp(mi, ni) - d);
+          }
+        } else {
+          // P = exp2((t + bias) · scale · log2 e − LSE · log2 e) and
+          // dS = P ∘ (dP − D) ∘ (1 − t²) in one pass, once dP is in (the
+          // non-staged branch above says why).
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_dp);
+          const auto modifiers = block_mod(it);
+          const float dtanh_weight = modifiers.has_softcap() ? 1.f : 0.f;
+          const int key0 = n_block * kBlockN, query0 = m_block * kBlockM;
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(s); ++mi) {
+            const float d = storage.dsum[stage][get<0>(cS(mi, 0))];
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(s); ++ni) {
+              const float t = s(mi, ni);
+              const float bias = modifiers.bias(query0 + get<0>(cS(mi, ni)), key0 + get<1>(cS(mi, ni)));
+              const float pr = fast_exp2((t + bias) * scale_log2 - lse_log2[mi]);
+              const float dtanh = fmaxf(0.f, 1.f - dtanh_weight * t * t);
+              s(mi, ni) = pr;
+              dp(mi, ni) = pr * (dp(mi, ni) - d) * dtanh;
+            }
+          }
+          convert_fragment_into(acc_s, tPrP);
+          copy(copy_pds, thr_copy_pds.retile_S(tPrP), thr_copy_pds.partition_D(sP));
         }
         Tensor tdSrdS = make_tensor_like<Element>(acc_dp);
         convert_fragment_into(acc_dp, tdSrdS);

@@ -1,7 +1,7 @@
 // Which forwards and backwards the SM90 TMA kernels take: the forward
-// without dropout and the testing-only probabilities (its scoremod variant
-// applies softcap and ALiBi), the backward plain attention (softcap, ALiBi
-// and dropout run the SM80 kernels), on tensors that TMA can describe. A
+// without dropout and the testing-only probabilities, the backward without
+// dropout (their scoremod variants apply softcap and ALiBi; dropout runs the
+// SM80 kernels), on tensors that TMA can describe. A
 // TMA descriptor needs every stride it steps to be a positive multiple of 16
 // bytes below 2^40 bytes; a mode of extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
@@ -53,7 +53,7 @@ inline bool fwd_supports(const FwdParams& p) {
 // and v through TMA; the other tensors with plain loads and stores.
 inline bool bwd_supports(const BwdParams& p) {
   const bool varlen = is_varlen(p);
-  return !uses_score_mod(p) && tma_qkv_ok(p) &&
+  return p.dropout_p == 0.f && tma_qkv_ok(p) &&
          tma_tensor_ok(p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, varlen ? p.total_q : p.seqlen_q,
                        p.nheads, varlen ? 1 : p.batch);
 }
@@ -61,12 +61,14 @@ inline bool bwd_supports(const BwdParams& p) {
 // The head dims whose sm90 backward is the warp-specialized kernel alone.
 constexpr bool bwd_warp_specialized(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
-// The sm90 backward built for p's head dim takes p: plain attention, and at
-// the warp-specialized head dims tensors TMA can step (d192's wgmma kernel,
-// sm90/bwd_kernel.hpp, loads with cp.async). Otherwise flashtile::bwd runs
-// the SM80 kernels, which take any strides.
+// The sm90 backward built for p's head dim takes p: no dropout; at the
+// warp-specialized head dims tensors TMA can step (softcap and ALiBi too,
+// in the kernels of the scoremod variant); d192's wgmma kernel (which loads
+// with cp.async) plain attention at any strides. Otherwise flashtile::bwd
+// runs the SM80 kernels, which take everything.
 inline bool bwd_takes(const BwdParams& p) {
-  return !uses_score_mod(p) && (!bwd_warp_specialized(p.head_dim) || bwd_supports(p));
+  if (bwd_warp_specialized(p.head_dim)) return bwd_supports(p);
+  return !uses_score_mod(p);
 }
 
 }  // namespace flashtile::sm90
