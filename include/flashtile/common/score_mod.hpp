@@ -106,6 +106,14 @@ struct ScoreMod {
     }
   }
 
+  // One raw score s -> tanh(s · softmax_scale / softcap) with softcap, s
+  // without; a masked −inf stays −inf (tanh would make it −1).
+  CUTE_DEVICE float softcapped(float s) const {
+    if constexpr (kEnabled) {
+      if (has_softcap() && s != -INFINITY) return fast_tanh(s * softcap_mul);
+    }
+    return s;
+  }
   // softcap, then ALiBi (the order of every kernel that applies both).
   template <class Acc, class Coords>
   CUTE_DEVICE void apply(Acc& acc_s, Coords const& coords, int row0, int col0) const {

@@ -22,10 +22,10 @@
 // block's dQ in key-block order (sm90/dq_turns.hpp).
 //
 // With kScoreMod the kernel applies softcap and ALiBi (common/score_mod.hpp,
-// decided at run time): Sᵀ's tile becomes t = tanh(·) before the mask, and
-// once dPᵀ is in, one pass makes P = exp2((t + bias) · scale − LSE) and
-// dS = P ∘ (dP − D) ∘ (1 − t²), the chain rule through the tanh, as the
-// SM80 kernels do (common/bwd_tile.hpp's recompute_p_and_ds). That pass
+// decided at run time): once dPᵀ is in, one pass makes t = tanh(·) of each
+// score the mask left (−inf stays −inf), P = exp2((t + bias) · scale − LSE)
+// and dS = P ∘ (dP − D) ∘ (1 − t²), the chain rule through the tanh, as
+// the SM80 kernels do (common/bwd_tile.hpp's recompute_p_and_ds). That pass
 // needs t and dPᵀ together, so its exponentials wait for dPᵀ's product
 // instead of running under it. Dropout is not taken (the SM80 kernels).
 #pragma once
@@ -352,7 +352,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if constexpr (kColumnValuesInRegs) lse_log2.load(storage.lse_log2[stage], lane);
         warpgroup_wait<1>();  // Sᵀ; dPᵀ's product runs under the exponentials
         warpgroup_fence_operand(acc_s);
-        mod.apply_softcap(acc_s);  // before the mask, whose −inf tanh would turn into −1
 
         if (query_block_of.masked(it, m_block)) {
           // Each element's (key, query) as a constant offset from the
@@ -392,9 +391,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if constexpr (kColumnValuesInRegs) dsum.load(storage.dsum[stage], lane);
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_dp);
-          // Pᵀ = exp2((t + bias) · scale · log2 e − LSE · log2 e) and
+          // t = tanh(Sᵀ · softmax_scale / softcap) where the mask left a
+          // score, Pᵀ = exp2((t + bias) · scale · log2 e − LSE · log2 e) and
           // dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ (1 − t²) in one pass (1 − t² only with
-          // softcap; its max with 0 makes a masked t = −inf's 0). LSE and D
+          // softcap; its max with 0 makes a masked t = −inf's 0). The tanh
+          // here rather than before the mask: t beside dPᵀ's accumulators
+          // in flight spilled 384-396 bytes at d128 in the deterministic
+          // mode (ptxas), 0-12 this way. LSE and D
           // split between lanes where the traits split them (d64), else from
           // shared memory a column at a time: the 16 of each a d128 thread
           // holds, in registers beside t and dPᵀ, spilled (ptxas: 32-52
@@ -411,7 +414,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const float d = kColumnValuesInRegs ? dsum(ni) : storage.dsum[stage][query];
             CUTE_UNROLL
             for (int mi = 0; mi < size<0>(st); ++mi) {
-              const float t = st(mi, ni);
+              const float t = modifiers.softcapped(st(mi, ni));
               const float bias = modifiers.bias(query0 + get<1>(cst(mi, ni)), key0 + get<0>(cst(mi, ni)));
               const float pt = fast_exp2((t + bias) * scale_log2 - lse);
               const float dtanh = fmaxf(0.f, 1.f - dtanh_weight * t * t);
@@ -502,7 +505,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int mi = 0; mi < kRows; ++mi) lse_log2[mi] = storage.lse_log2[stage][get<0>(cS(mi, 0))];
         warpgroup_wait<1>();  // S; dP's product runs under the exponentials
         warpgroup_fence_operand(acc_s);
-        mod.apply_softcap(acc_s);  // before the mask, whose −inf tanh would turn into −1
 
         if (query_block_of.masked(it, m_block)) {
           const auto first = cS(0, 0);
@@ -538,7 +540,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             for (int ni = 0; ni < size<1>(dp); ++ni) dp(mi, ni) = s(mi, ni) * (dp(mi, ni) - d);
           }
         } else {
-          // P = exp2((t + bias) · scale · log2 e − LSE · log2 e) and
+          // t = tanh(S · softmax_scale / softcap) where the mask left a
+          // score, P = exp2((t + bias) · scale · log2 e − LSE · log2 e) and
           // dS = P ∘ (dP − D) ∘ (1 − t²) in one pass, once dP is in (the
           // non-staged branch above says why).
           warpgroup_wait<0>();
@@ -551,7 +554,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const float d = storage.dsum[stage][get<0>(cS(mi, 0))];
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(s); ++ni) {
-              const float t = s(mi, ni);
+              const float t = modifiers.softcapped(s(mi, ni));
               const float bias = modifiers.bias(query0 + get<0>(cS(mi, ni)), key0 + get<1>(cS(mi, ni)));
               const float pr = fast_exp2((t + bias) * scale_log2 - lse_log2[mi]);
               const float dtanh = fmaxf(0.f, 1.f - dtanh_weight * t * t);
