@@ -753,7 +753,7 @@ void check_sm90_fwd_support() {
 }
 
 // The SM90 warp-specialized backward reads q, dout, k and v through TMA:
-// plain attention on strides TMA can step, dout's among them.
+// no dropout, on strides TMA can step, dout's among them.
 void check_sm90_bwd_support() {
   const char* config = "sm90 bwd support";
   flashtile::BwdParams p;
@@ -772,6 +772,21 @@ void check_sm90_bwd_support() {
   expect(!flashtile::sm90::bwd_supports(q), config, "dout's head stride not a multiple of 16 bytes");
   q = p, q.nheads = 1, q.nheads_k = 1, q.q_head_stride = q.dout_head_stride = 0, q.k_head_stride = q.v_head_stride = 0;
   expect(flashtile::sm90::bwd_supports(q), config, "stride 0 on modes of extent 1");
+  // Which sm90 backward takes what: the warp-specialized kernel (d64, d128,
+  // d256) softcap and ALiBi too, d192's wgmma kernel plain attention only,
+  // neither dropout.
+  q = p, q.softcap = 30.f;
+  expect(flashtile::sm90::bwd_takes(q), config, "d128 softcap: the warp-specialized kernel");
+  q.alibi_slopes = &q.softcap;
+  expect(flashtile::sm90::bwd_takes(q), config, "d128 softcap and ALiBi: the warp-specialized kernel");
+  q.dropout_p = 0.1f;
+  expect(!flashtile::sm90::bwd_takes(q), config, "dropout: the SM80 kernels");
+  q = p, q.head_dim = 192;
+  expect(flashtile::sm90::bwd_takes(q), config, "d192 plain: its wgmma kernel");
+  q.softcap = 30.f;
+  expect(!flashtile::sm90::bwd_takes(q), config, "d192 softcap: the SM80 kernels");
+  q = p, q.head_dim = 128, q.dout_row_stride = 0;
+  expect(!flashtile::sm90::bwd_takes(q), config, "d128 with a stride TMA cannot step: the SM80 kernels");
 }
 
 // The warp-specialized backward's per-query-column values (LSE, D;

@@ -338,6 +338,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
         TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
         const int m_block = storage.block_m[stage];
+        // The block's modifiers (its ALiBi slope: a global load) read under
+        // the products, but at d64: holding the slope across them spilled
+        // its kernels 20-176 bytes, reading it in the pass 32-92 (ptxas).
+        constexpr bool kModifiersEarly = kHeadDim > 64;
+        const auto early_modifiers = [&] {
+          if constexpr (kModifiersEarly) return block_mod(it);
+          else return 0;
+        }();
         Tensor acc_s = partition_fragment_C(mma_sdp, ShapeSt{});   // (MMA, MMA_M, MMA_N): Sᵀ
         Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeSt{});  // (MMA, MMA_M, MMA_N): dPᵀ
         gemm_async<true>(mma_sdp, tSrK, tSrQ, acc_s);
@@ -403,7 +411,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           // holds, in registers beside t and dPᵀ, spilled (ptxas: 32-52
           // bytes, 4-8 this way; at d64 the reads spilled 96-120 bytes
           // against the split values' 36-100).
-          const auto modifiers = block_mod(it);
+          const auto modifiers = [&] {
+            if constexpr (kModifiersEarly) return early_modifiers;
+            else return block_mod(it);
+          }();
           const float dtanh_weight = modifiers.has_softcap() ? 1.f : 0.f;
           Tensor cst = rowcol_view(tScS);  // (keys, queries) -> (key, query)
           const int key0 = n_block * kBlockN, query0 = m_block * kBlockM;
@@ -493,6 +504,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
         TransactionBarrier::wait(&storage.barrier_full[stage], (it / kStages) & 1);
         const int m_block = storage.block_m[stage];
+        const auto modifiers = block_mod(it);  // its ALiBi slope's load under the products
         Tensor acc_s = partition_fragment_C(mma_sdp, ShapeS{});   // (MMA, MMA_M, MMA_N): S
         Tensor acc_dp = partition_fragment_C(mma_sdp, ShapeS{});  // (MMA, MMA_M, MMA_N): dP
         gemm_async<true>(mma_sdp, tSrQ, tSrK, acc_s);
@@ -546,7 +558,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           // non-staged branch above says why).
           warpgroup_wait<0>();
           warpgroup_fence_operand(acc_dp);
-          const auto modifiers = block_mod(it);
           const float dtanh_weight = modifiers.has_softcap() ? 1.f : 0.f;
           const int key0 = n_block * kBlockN, query0 = m_block * kBlockM;
           CUTE_UNROLL
