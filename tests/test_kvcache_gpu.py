@@ -321,14 +321,15 @@ def kvcache_pipeline_of(names):
     return stages, any("kvcache_combine_kernel" in n for n in names)
 
 
-@pytest.mark.parametrize("page", [0, 16, 64], ids=["dense", "paged16", "paged64"])
+@pytest.mark.parametrize("page", [0, 1, 16, 64], ids=["dense", "paged1", "paged16", "paged64"])
 @pytest.mark.parametrize("seqlen_q", [1, 3])
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 16, 17, 40])
 def test_kvcache_kernel_epilogues_and_pipelines(num_splits, seqlen_q, page):
     """Both ways the d128 kernel ends and both its pipelines: one split
     writes O, more leave partials for the combine kernel; a split of at most
-    16 key blocks of a dense cache or of pages of 64 keys or more takes the
-    3-stage pipeline where the GPU gives a CTA 100 KB of shared memory."""
+    16 key blocks, dense or in pages of any size (their rows located two
+    blocks ahead), takes the 3-stage pipeline where the GPU gives a CTA
+    100 KB of shared memory."""
     if (128, "bf16") not in BUILT_KVCACHE:
         pytest.skip("the d128 bf16 KV-cache kernel is not built")
     dtype, d, capacity = torch.bfloat16, 128, 4096
@@ -345,8 +346,7 @@ def test_kvcache_kernel_epilogues_and_pipelines(num_splits, seqlen_q, page):
         return_softmax_lse=True))
     check_against_reference(q, k, v, out, lse, [3001, 17], causal=True)
     props = torch.cuda.get_device_properties(q.device)
-    deep = (-(-capacity // 64 // num_splits) <= 16 and page in (0, 64)
-            and props.shared_memory_per_block_optin >= 100 * 1024)
+    deep = -(-capacity // 64 // num_splits) <= 16 and props.shared_memory_per_block_optin >= 100 * 1024
     assert kvcache_pipeline_of(names) == (3 if deep else 2, num_splits > 1), names
 
 

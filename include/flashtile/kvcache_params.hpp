@@ -172,14 +172,14 @@ inline constexpr int64_t kKvCacheDeepMaxBlocks = 16;
 
 // Whether params' kernels run the deeper pipeline with `splits` splits,
 // given whether the head dim has one that fits the GPU: splits of at most
-// kKvCacheDeepMaxBlocks blocks, of a dense cache or pages of a block or
-// more. With smaller pages a block's rows need several block_table reads,
-// looked up one block ahead, which the deeper pipeline leaves less time
-// for: batch 1 x 16k, 16-token pages, 16 deep splits 37.3 µs against 32
-// shallow ones 34.6 (the dense cache: 32.0 against 33.4).
+// kKvCacheDeepMaxBlocks blocks, whatever the page size. Pages smaller than
+// a block need several block_table reads a block; the kernel issues them
+// two blocks ahead of the block's copy. Issued one block ahead they cost
+// the deeper pipeline its gain: batch 1 x 16k, 16-token pages, 16 deep
+// splits 37.3 µs against 32 shallow ones 34.6 (the dense cache: 32.0
+// against 33.4).
 inline bool kvcache_takes_deep_pipeline(KvCacheParams const& p, int splits, bool deep_fits) {
-  return deep_fits && kvcache_blocks_per_split(p, splits) <= kKvCacheDeepMaxBlocks &&
-         (p.block_table == nullptr || p.page_size >= kKvCacheBlockKeys);
+  return deep_fits && kvcache_blocks_per_split(p, splits) <= kKvCacheDeepMaxBlocks;
 }
 
 // Whether the current GPU gives a CTA deep_smem_bytes of shared memory

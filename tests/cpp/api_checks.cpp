@@ -328,10 +328,12 @@ int main() {
          "the deeper pipeline for splits of at most 16 blocks where it fits");
   Kv paged = decode;
   paged.block_table = static_cast<const int*>(fake_pointer(0x60000));
-  expect(!flashtile::kvcache_takes_deep_pipeline(paged, 16, true), "not with 16-token pages");
-  expect(flashtile::pick_kvcache_splits(paged, 132, true) == 32, "16-token pages split as without it");
-  paged.page_size = 64;
-  expect(flashtile::kvcache_takes_deep_pipeline(paged, 16, true), "pages of a block take it");
+  for (int page_size : {1, 16, 64, 256}) {
+    paged.page_size = page_size;
+    expect(flashtile::kvcache_takes_deep_pipeline(paged, 16, true) &&
+               flashtile::pick_kvcache_splits(paged, 132, true) == 16,
+           "pages of any size take the deeper pipeline and split as the dense cache");
+  }
   decode.batch = 64, decode.seqlen_k = 131072;
   expect(flashtile::pick_kvcache_splits(decode, 132, true) == 1, "no split for a 1 % modelled gain");
   Kv split = valid_kvcache();

@@ -20,8 +20,10 @@
 //
 // Key rows are gathered one by one (16-byte cp.async per thread, a warp
 // covering whole rows), so a paged cache has the dense one's access pattern
-// whatever its page size; each row's page is looked up a key block ahead. Rows past the sequence are zero-filled in shared
-// memory: a NaN there would survive P = 0.
+// whatever its page size; each row's page is looked up one or two key
+// blocks before its copy is issued (Traits::kLocateAhead). Rows past the
+// sequence are zero-filled in shared memory: a NaN there would survive
+// P = 0.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -61,12 +63,13 @@ struct CacheKeys {
   }
 
   // Where key `key` lives: its page (a dense cache's entry) and row there.
-  // The page comes from block_table, a load: the kernel asks one key block
-  // ahead of the block's copy, so that load's latency hides behind a block
-  // of compute. H200, d128, batch 64, 4k / 64k keys, 16-token pages, x the
-  // copy bandwidth: 0.57 / 0.59 with the lookup just before the copy, 0.77 /
-  // 0.81 with it a block ahead, 0.94 / 1.02 with FastDivmod as well (the
-  // dense cache: 0.97 / 1.06).
+  // The page comes from block_table, a load: the kernel asks ahead of the
+  // block's copy, so that load's latency hides behind compute. H200, d128,
+  // batch 64, 4k / 64k keys, 16-token pages, x the copy bandwidth: 0.57 /
+  // 0.59 with the lookup just before the copy, 0.77 / 0.81 with it a block
+  // ahead, 0.94 / 1.02 with FastDivmod as well (the dense cache: 0.97 /
+  // 1.06). The deeper pipeline asks two blocks ahead (KvCacheTraits::
+  // kLocateAhead).
   CUTE_DEVICE int2 locate(int key) const {
     const int position = start + key;
     if (pages == nullptr) return make_int2(entry, position);
@@ -155,18 +158,28 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
   const auto* k_cache = static_cast<const Element*>(params.k_cache) + head_k * params.k_head_stride;
   const auto* v_cache = static_cast<const Element*>(params.v_cache) + head_k * params.v_head_stride;
   // K and V of key block n into a stage: 16-byte chunks, zeros past the
-  // keys. A thread's chunks lie in kLoadsPerThread rows, located by
-  // locate_rows(n) (into `located`) before load_kv(n, ...) runs.
+  // keys. A thread's chunks lie in kLoadsPerThread rows, located
+  // kLocateAhead blocks before their copy: located[0] holds the rows of the
+  // next block load_kv copies, located[j] those of the j-th block after it,
+  // whose block_table reads are in flight meanwhile.
   constexpr int kLoadsPerThread = kBlockN * kChunksPerRow / Traits::kNThreads;
-  int2 located[kLoadsPerThread];  // (page, row in page) of each chunk's key; page -1 past the keys
-  auto locate_rows = [&](int n) {
+  constexpr int kAhead = Traits::kLocateAhead;
+  int2 located[kAhead][kLoadsPerThread];  // (page, row in page) of each chunk's key; page -1 past the keys
+  auto locate_rows = [&](int n) {  // block n's rows into the last slot
     CUTE_UNROLL
     for (int i = 0; i < kLoadsPerThread; ++i) {
       const int key = n * kBlockN + (tid + i * Traits::kNThreads) / kChunksPerRow;
-      located[i] = key < seqlen_k ? keys.locate(key) : make_int2(-1, 0);
+      located[kAhead - 1][i] = key < seqlen_k ? keys.locate(key) : make_int2(-1, 0);
     }
   };
-  auto load_kv = [&](int stage) {
+  auto advance_located = [&] {  // each slot takes the next one's block
+    CUTE_UNROLL
+    for (int j = 0; j + 1 < kAhead; ++j) {
+      CUTE_UNROLL
+      for (int i = 0; i < kLoadsPerThread; ++i) located[j][i] = located[j + 1][i];
+    }
+  };
+  auto load_kv = [&](int stage) {  // the block located[0] holds
     Tensor sK = stage_K(stage);
     Tensor sV = stage_V(stage);
     CUTE_UNROLL
@@ -175,9 +188,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
       const int col = (tid + i * Traits::kNThreads) % kChunksPerRow * kChunkElems;
       void* k_dst = &sK(row, col);
       void* v_dst = &sV(row, col);
-      if (located[i].x >= 0) {
-        const Element* k_src = k_cache + located[i].x * params.k_page_stride + located[i].y * params.k_row_stride + col;
-        const Element* v_src = v_cache + located[i].x * params.v_page_stride + located[i].y * params.v_row_stride + col;
+      const int2 at = located[0][i];
+      if (at.x >= 0) {
+        const Element* k_src = k_cache + at.x * params.k_page_stride + at.y * params.k_row_stride + col;
+        const Element* v_src = v_cache + at.x * params.v_page_stride + at.y * params.v_row_stride + col;
         SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(k_src),
                                                    *reinterpret_cast<uint128_t*>(k_dst));
         SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(v_src),
@@ -204,15 +218,23 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
   }
+  // Stage s takes block n_begin + s. After this, located[j] holds block
+  // n_begin + kStages − 1 + j.
+  CUTE_UNROLL
+  for (int j = 0; j + 1 < kAhead; ++j) {
+    if (n_begin + j < n_end) locate_rows(n_begin + j);
+    advance_located();
+  }
   CUTE_UNROLL
   for (int s = 0; s < kStages - 1; ++s) {
     if (n_begin + s < n_end) {
-      locate_rows(n_begin + s);
+      if (n_begin + s + (kAhead - 1) < n_end) locate_rows(n_begin + s + (kAhead - 1));
       load_kv(s);
     }
     cp_async_fence();
+    advance_located();
   }
-  if (n_begin + kStages - 1 < n_end) locate_rows(n_begin + kStages - 1);
+  if (n_begin + kStages - 1 + (kAhead - 1) < n_end) locate_rows(n_begin + kStages - 1 + (kAhead - 1));
 
   // This warp's products and their ldmatrix partitions.
   typename Traits::WarpMma warp_mma;
@@ -263,8 +285,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) kvcache_kernel(const __grid
     cp_async_wait<kStages - 2>();
     __syncthreads();  // block n (and Q) landed; every warp is done with the stage refilled below
     if (n + kStages - 1 < n_end) {
-      load_kv((i + kStages - 1) % kStages);
-      if (n + kStages < n_end) locate_rows(n + kStages);  // used next iteration
+      load_kv((i + kStages - 1) % kStages);  // block n + kStages − 1
+      advance_located();
+      if (n + kStages + (kAhead - 1) < n_end) locate_rows(n + kStages + (kAhead - 1));  // copied kAhead iterations on
     }
     cp_async_fence();
     const int stage = i % kStages;

@@ -86,6 +86,15 @@ struct KvCacheTraits {
   // the threads in turn, so a warp reads contiguous row segments.
   static constexpr int kChunksPerRow = kHeadDim * int(sizeof(Element)) / 16;
   static_assert(kBlockN * kChunksPerRow % kNThreads == 0, "every thread loads as many K/V chunks");
+  // How many key blocks before its copy a block's rows are located (their
+  // block_table reads issued): one on the shallow pipelines, two on the
+  // deep one, whose loads run a block further ahead of the compute, so that
+  // pages smaller than a block take it too (kvcache_params.hpp). The
+  // second block's rows cost registers: d128's deep kernel 216 -> 217
+  // (sm_90a, nvcc 13.0; sm_80 220 either way), but on every pipeline d64
+  // 130 -> 159 and d96 168 -> 196, a CTA an SM fewer at d96; one ahead
+  // leaves the shallow kernels' code as it was.
+  static constexpr int kLocateAhead = kDeep ? 2 : 1;
 
   static constexpr int kSmemQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemKVBytes = cosize_v<SmemLayoutKV> * int(sizeof(Element));  // one stage of K or V
