@@ -35,6 +35,7 @@ using namespace cute;
 // more there).
 template <int kHeadDim, bool kUniform = false>
 struct FwdConfig {
+  static constexpr bool kUniformTiles = kUniform;
   // At d64 three consumer warpgroups (192 rows) share each K/V block: the
   // softmax is a larger share of a small head dim's work, and a third
   // warpgroup's exponentials hide behind two others' products. On the
@@ -89,6 +90,7 @@ struct FwdTraits {
   static constexpr int kStages = Config_::kStages;
   static constexpr bool kRetireProductLate = Config_::kRetireProductLate;
   static constexpr bool kSkipUnseenBlocks = Config_::kSkipUnseenBlocks;
+  static constexpr bool kUniformTiles = Config_::kUniformTiles;  // FwdConfig's kUniform
   static constexpr int kMmaWarpgroups = kBlockM / 64;  // wgmma's M is 64 rows per warpgroup
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;  // the producer warpgroup first
