@@ -12,7 +12,7 @@ streams memory reaches.
 Cases: bf16, head dim 128, 32 query heads sharing 8 KV heads (GQA 4),
 seqlen_q 1, batch 1, 8, 64, 256, context 1k to 128k tokens, where batch ·
 context is at most MAX_TOKENS (the cache, twice for SDPA's layout, must fit
-the GPU). flashtile reads the cache three ways: dense (batch, context,
+the GPU; half that on an 80 GB GPU). flashtile reads the cache three ways: dense (batch, context,
 nheads_k, d); paged with pages of 16 and of 256 tokens, the same memory as a
 pool of pages handed out in a random order by a block_table (so the reads
 jump between pages as a serving engine's do). SDPA (cuDNN and flash
@@ -47,6 +47,17 @@ BATCHES = (1, 8, 64, 256)
 CONTEXTS = (1024, 4096, 16384, 65536, 131072)
 PAGE_SIZES = (16, 256)
 MAX_TOKENS = 8 * 1024 * 1024  # batch · context: 32 GiB of K and V at d128, 8 KV heads
+
+
+def max_tokens() -> int:
+    """MAX_TOKENS, halved until K, V and SDPA's copies of them take at most
+    70 % of the GPU's memory: 8M tokens (64 GiB) on the H200, 4M on an 80 GB
+    H100, where 8M ran out of memory in SDPA's copy."""
+    bytes_per_token = 4 * NHEADS_K * HDIM * 2
+    limit, memory = MAX_TOKENS, torch.cuda.get_device_properties(0).total_memory
+    while limit * bytes_per_token > 0.7 * memory:
+        limit //= 2
+    return limit
 L2_FLUSH_BYTES = 512 * 1024 * 1024
 REPS = 30
 COLUMNS = ["impl", "dtype", "hdim", "nheads", "nheads_k", "batch", "seqlen_q", "context", "page_size",
@@ -126,10 +137,13 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {ceiling:.0f} GB/s", flush=True)
     batches, contexts = ((1, 64), (4096, 65536)) if args.quick else (BATCHES, CONTEXTS)
     rows, failed = [], False
+    token_limit = max_tokens()
+    if token_limit < MAX_TOKENS:
+        print(f"batch · context above {token_limit} left out: the caches would not fit this GPU")
     print(f"{'impl':<16}{'batch':>6}{'context':>9}{'page':>6}{'splits':>7}{'us':>10}{'GB/s':>8}{'of copy':>9}")
     for batch in batches:
         for context in contexts:
-            if batch * context > MAX_TOKENS:
+            if batch * context > token_limit:
                 continue
             dtype = torch.bfloat16
             q = torch.randn(batch, 1, NHEADS, HDIM, device="cuda", dtype=dtype)

@@ -6,6 +6,11 @@ modifier) on the same shapes, forward and backward.
 
     python3 benchmarks/bench_score_mod.py                     # hdim 128, 2k..16k, causal and not
     python3 benchmarks/bench_score_mod.py --hdim 64 --out benchmarks/results/h200-scoremod.csv
+    python3 benchmarks/bench_score_mod.py --mma-sync          # + each modifier on the mma.sync kernels
+
+--mma-sync adds rows `<impl>_mma_sync`: the same calls with dispatch limited
+to the sm80 path (flashtile._C.limit_dispatch_arch), so that on an H100/H200
+the wgmma kernels are timed beside the mma.sync ones in one process.
 
 Check before timing: every flashtile case's forward output and LSE on the
 first and last 128 query rows of batch 0 (all heads), and its dq, dk, dv on
@@ -101,11 +106,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384], metavar="S")
     parser.add_argument("--out", type=Path, metavar="CSV", help="write the rows (results schema) here")
     parser.add_argument("--commit", help="commit for the CSV header (default: git rev-parse HEAD)")
+    parser.add_argument("--mma-sync", action="store_true",
+                        help="also time each flashtile case on the mma.sync (sm80) kernels")
     args = parser.parse_args(argv)
     dtype, hdim, nheads = torch.bfloat16, args.hdim, sweep_nheads(args.hdim)
     slopes = alibi_slopes(nheads)
     mods = {"flashtile": (0.0, None), "flashtile_softcap": (SOFTCAP, None),
             "flashtile_alibi": (0.0, slopes), "flashtile_softcap_alibi": (SOFTCAP, slopes)}
+    if args.mma_sync:
+        mods.update({f"{impl}_mma_sync": mod for impl, mod in list(mods.items())})
     rows, failed = [], False
     print(f"bf16 hdim {hdim}, {TOKENS} tokens, nheads {nheads}, softcap {SOFTCAP}; TFLOP/s (÷ flashtile plain)")
     print(f"{'impl':>24} {'causal':>6} {'seqlen':>6} {'fwd':>14} {'bwd':>14}")
@@ -127,6 +136,7 @@ def main(argv=None) -> int:
                                 *(x.transpose(1, 2) for x in t), is_causal=causal).transpose(1, 2)
                 else:
                     softcap, mod_slopes = mods[impl]
+                    flashtile._C.limit_dispatch_arch("sm80" if impl.endswith("_mma_sync") else "sm90")
                     wrong = check(q, k, v, dout, causal, softcap, mod_slopes)
                     if wrong:
                         print(f"{impl:>24} {int(causal):>6} {seqlen:>6} FAIL: {wrong}")
