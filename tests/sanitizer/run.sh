@@ -7,6 +7,7 @@
 #   SANITIZER_BIN=path/to/binary tests/sanitizer/run.sh   # run a binary built elsewhere
 #   SANITIZER_TOOLS="memcheck initcheck" tests/sanitizer/run.sh   # some of the tools
 #   SANITIZER_ARGS=kvcache tests/sanitizer/run.sh  # the KV-cache kernels only
+#   SANITIZER_ARGS=no-dropout tests/sanitizer/run.sh  # no dropout problems (mma.sync kernels on sm90)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${SANITIZER_BUILD:-build-sanitizer}
