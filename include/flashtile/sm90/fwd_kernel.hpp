@@ -150,14 +150,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // key gets its 0 and −inf from the mainloop).
       int n_block_end = tile.n_block_end;
       if constexpr (Traits::kSkipUnseenBlocks) {
+        // Every consumer thread at this one call (fwd_mainloop.hpp's
+        // clear_keys_past_sequence says why).
+        Mainloop::clear_tile_keys_past_sequence(storage, pipeline_v, read, tile, mma_tid);
         n_block_end = tile.warpgroup_has_rows(warpgroup)
                           ? max(tile.warpgroup_n_block_end(warpgroup), tile.n_block_begin + 1)
                           : tile.n_block_begin;
         if (n_block_end == tile.n_block_begin) {
-          Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, turns, mma_tid);
+          Mainloop::walk(storage, pipeline_k, pipeline_v, read, tile, turns);
           continue;
         }
-        Mainloop::skip(storage, pipeline_k, pipeline_v, read, tile, turns, tile.n_block_end - n_block_end, mma_tid);
+        Mainloop::skip(pipeline_k, pipeline_v, read, turns, tile.n_block_end - n_block_end);
       }
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);

@@ -256,7 +256,13 @@ struct FwdMainloop {
   // block's V the consumers zero those rows of its stage, each thread a
   // share, then make the writes visible to wgmma (the async proxy) and wait
   // for each other. Only the first block visited can hold the sequence's
-  // end; a fixed-length batch's rows past it are TMA's zero fill.
+  // end; a fixed-length batch's rows past it are TMA's zero fill. Every
+  // consumer thread calls this at the same instruction: the barrier is
+  // bar.sync, which requires that (compute-sanitizer's synccheck reported
+  // the d64 kernels when warpgroups that skip reached it from skip() and
+  // the others from mma()). So where warpgroups skip unseen blocks the
+  // kernel calls it once at the tile's start (clear_tile_keys_past_sequence),
+  // else mma() does, after the first block's QKᵀ is issued.
   template <MaskKind kMask, class TensorVt>
   CUTE_DEVICE static void clear_keys_past_sequence(TensorVt sVt_stage, typename Traits::PipelineKV& pipeline_v,
                                                    typename Traits::PipelineKV::PipelineState const& read_v,
@@ -271,20 +277,28 @@ struct FwdMainloop {
     cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, Traits::kBarrierConsumers);
   }
 
+  // The above for the tile's first block visited (at `read`), for a varlen
+  // tile, by every consumer warpgroup before it skips or computes.
+  template <MaskKind kMask, class SharedStorage>
+  CUTE_DEVICE static void clear_tile_keys_past_sequence(SharedStorage& storage,
+                                                        typename Traits::PipelineKV& pipeline_v,
+                                                        typename Traits::PipelineKV::PipelineState const& read,
+                                                        FwdTile<kMask, kBlockM, kBlockN> const& tile, int mma_tid) {
+    if (!tile.seq.varlen) return;
+    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
+    clear_keys_past_sequence(sVt(_, _, read.index()), pipeline_v, read, tile, mma_tid);
+  }
+
   // A consumer warpgroup walks past the first n_skip key blocks the tile
   // visits (last to first) without computing where its rows see none of
   // them, and past all of them where none of its rows exists (at d64 two
   // of the three warpgroups of a causal 1k sequence's first block). It
   // keeps its place in the pipelines, waiting for each stage before
   // releasing it (so that its arrivals count toward the stage's use at
-  // hand), in the turns and in the consumers' syncs, and leaves the tensor
-  // cores to the others.
-  template <MaskKind kMask, class SharedStorage, class Turns>
-  CUTE_DEVICE static void skip(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
-                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
-                               FwdTile<kMask, kBlockM, kBlockN> const& tile, Turns const& turns, int n_skip,
-                               int mma_tid) {
-    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (kHeadDim, kBlockN, kStages)
+  // hand), and in the turns, and leaves the tensor cores to the others.
+  template <class Turns>
+  CUTE_DEVICE static void skip(typename Traits::PipelineKV& pipeline_k, typename Traits::PipelineKV& pipeline_v,
+                               typename Traits::PipelineKV::PipelineState& read, Turns const& turns, int n_skip) {
     for (int i = 0; i < n_skip; ++i) {
       // V's wait after the turn: the warpgroups that compute need only V of
       // the block before at this turn.
@@ -292,7 +306,6 @@ struct FwdMainloop {
       turns.wait();
       turns.pass();
       pipeline_v.consumer_wait(read);
-      if (i == 0 && tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read.index()), pipeline_v, read, tile, mma_tid);
       pipeline_k.consumer_release(read);
       pipeline_v.consumer_release(read);
       ++read;
@@ -301,8 +314,8 @@ struct FwdMainloop {
   template <MaskKind kMask, class SharedStorage, class Turns>
   CUTE_DEVICE static void walk(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                                typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
-                               FwdTile<kMask, kBlockM, kBlockN> const& tile, Turns const& turns, int mma_tid) {
-    skip(storage, pipeline_k, pipeline_v, read, tile, turns, tile.n_block_end - tile.n_block_begin, mma_tid);
+                               FwdTile<kMask, kBlockM, kBlockN> const& tile, Turns const& turns) {
+    skip(pipeline_k, pipeline_v, read, turns, tile.n_block_end - tile.n_block_begin);
     cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
     turns.wait();  // the tile's last turn, mma()'s last product's
     turns.pass_last();
@@ -372,8 +385,8 @@ struct FwdMainloop {
       set_probabilities(acc_s);
     }
     typename Traits::PipelineKV::PipelineState read_v = read;  // V of the block P belongs to
-    if (tile.seq.varlen && n_block_end == tile.n_block_end) {
-      clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
+    if constexpr (!Traits::kSkipUnseenBlocks) {  // else the kernel cleared them at the tile's start
+      if (tile.seq.varlen) clear_keys_past_sequence(sVt(_, _, read_v.index()), pipeline_v, read_v, tile, mma_tid);
     }
     ++read;
     --n_block;
