@@ -262,7 +262,7 @@ struct FwdMainloop {
   // the d64 kernels when warpgroups that skip reached it from skip() and
   // the others from mma()). So where warpgroups skip unseen blocks the
   // kernel calls it once at the tile's start (clear_tile_keys_past_sequence),
-  // else mma() does, after the first block's QKᵀ is issued.
+  // else mma() does, once the first block's probabilities are set.
   template <MaskKind kMask, class TensorVt>
   CUTE_DEVICE static void clear_keys_past_sequence(TensorVt sVt_stage, typename Traits::PipelineKV& pipeline_v,
                                                    typename Traits::PipelineKV::PipelineState const& read_v,

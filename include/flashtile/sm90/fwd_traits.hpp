@@ -90,6 +90,10 @@ struct FwdTraits {
   static constexpr int kStages = Config_::kStages;
   static constexpr bool kRetireProductLate = Config_::kRetireProductLate;
   static constexpr bool kSkipUnseenBlocks = Config_::kSkipUnseenBlocks;
+  // Where warpgroups skip, the consumers wait for the first block's V before
+  // its Q·Kᵀ (FwdMainloop::clear_tile_keys_past_sequence); the producer loads
+  // the next K before that V, so a single stage would wait on itself.
+  static_assert(!kSkipUnseenBlocks || kStages >= 2);
   static constexpr bool kUniformTiles = Config_::kUniformTiles;  // FwdConfig's kUniform
   static constexpr int kMmaWarpgroups = kBlockM / 64;  // wgmma's M is 64 rows per warpgroup
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
