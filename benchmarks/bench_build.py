@@ -23,6 +23,7 @@ import argparse
 import csv
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="parallel compile jobs (default: all)")
     parser.add_argument("--out", type=Path, metavar="CSV", help="write the rows here (default: print only)")
     parser.add_argument("--log-dir", type=Path, help="keep each build's log here (default: discarded)")
+    parser.add_argument("--wheel-dir", type=Path, help="keep each built wheel here (default: discarded)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands; build nothing")
     return parser.parse_args(argv)
 
@@ -67,7 +69,7 @@ def cache_value(build_dir: Path, name: str) -> str:
     raise RuntimeError(f"{name} is not in {build_dir / 'CMakeCache.txt'}")
 
 
-def build_once(archs: str, cores: int, log_dir: Path | None) -> dict[str, str]:
+def build_once(archs: str, cores: int, log_dir: Path | None, keep_wheel_dir: Path | None) -> dict[str, str]:
     env = dict(os.environ, FLASHTILE_CUDA_ARCHS=archs, CMAKE_BUILD_PARALLEL_LEVEL=str(cores))
     with tempfile.TemporaryDirectory(prefix="flashtile-build-") as tmp:
         wheel_dir, build_dir = Path(tmp) / "wheel", Path(tmp) / "build"
@@ -83,6 +85,9 @@ def build_once(archs: str, cores: int, log_dir: Path | None) -> dict[str, str]:
             raise SystemExit(f"the build for FLASHTILE_CUDA_ARCHS={archs} failed (rc {result.returncode}):\n{tail}")
         (so,) = build_dir.glob("_C*.so")
         (wheel,) = wheel_dir.glob("*.whl")
+        if keep_wheel_dir:
+            keep_wheel_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(wheel, keep_wheel_dir / wheel.name)
         return dict(archs=archs, head_dims=cache_value(build_dir, "FLASHTILE_HEAD_DIMS"),
                     variants=cache_value(build_dir, "FLASHTILE_VARIANTS"), cores=str(cores),
                     seconds=f"{seconds:.0f}", so_mb=f"{so.stat().st_size / 1e6:.1f}",
@@ -116,7 +121,7 @@ def main(argv=None) -> int:
     rows = []
     for archs in args.archs:
         print(f"building FLASHTILE_CUDA_ARCHS={archs} on {args.cores} cores ...", flush=True)
-        rows.append(build_once(archs, args.cores, args.log_dir))
+        rows.append(build_once(archs, args.cores, args.log_dir, args.wheel_dir))
         print(",".join(rows[-1][c] for c in COLUMNS), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

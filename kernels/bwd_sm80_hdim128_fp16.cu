@@ -8,6 +8,6 @@ constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 128, DType::kFp16, Variant::kPlain},
     &sm80::run_bwd<128, cutlass::half_t, false, kBudget>,
-    sm80::bwd_smem_needed<128, cutlass::half_t, kBudget>(), kBudget);
+    sm80::bwd_smem_needed<128, cutlass::half_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

@@ -11,6 +11,6 @@ static_assert(sm80::bwd_smem_bytes<256, cutlass::bfloat16_t, kBudget>() <
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 256, DType::kBf16, Variant::kScoreMod},
     &sm80::run_bwd<256, cutlass::bfloat16_t, true, kBudget>,
-    sm80::bwd_smem_needed<256, cutlass::bfloat16_t, kBudget>(), kBudget);
+    sm80::bwd_smem_needed<256, cutlass::bfloat16_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

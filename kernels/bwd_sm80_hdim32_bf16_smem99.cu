@@ -11,6 +11,6 @@ static_assert(sm80::bwd_smem_bytes<32, cutlass::bfloat16_t, kBudget>() <
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 32, DType::kBf16, Variant::kPlain},
     &sm80::run_bwd<32, cutlass::bfloat16_t, false, kBudget>,
-    sm80::bwd_smem_needed<32, cutlass::bfloat16_t, kBudget>(), kBudget);
+    sm80::bwd_smem_needed<32, cutlass::bfloat16_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

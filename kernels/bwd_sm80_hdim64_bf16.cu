@@ -8,6 +8,6 @@ constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 64, DType::kBf16, Variant::kPlain},
     &sm80::run_bwd<64, cutlass::bfloat16_t, false, kBudget>,
-    sm80::bwd_smem_needed<64, cutlass::bfloat16_t, kBudget>(), kBudget);
+    sm80::bwd_smem_needed<64, cutlass::bfloat16_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

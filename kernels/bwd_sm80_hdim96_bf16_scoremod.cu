@@ -8,6 +8,6 @@ constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 96, DType::kBf16, Variant::kScoreMod},
     &sm80::run_bwd<96, cutlass::bfloat16_t, true, kBudget>,
-    sm80::bwd_smem_needed<96, cutlass::bfloat16_t, kBudget>(), kBudget);
+    sm80::bwd_smem_needed<96, cutlass::bfloat16_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

@@ -11,6 +11,6 @@ static_assert(sm80::bwd_smem_bytes<96, cutlass::half_t, kBudget>() <
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_bwd(
     {Direction::kBwd, Arch::kSm80, 96, DType::kFp16, Variant::kScoreMod},
     &sm80::run_bwd<96, cutlass::half_t, true, kBudget>,
-    sm80::bwd_smem_needed<96, cutlass::half_t, kBudget>(), kBudget);
+    sm80::bwd_smem_needed<96, cutlass::half_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

@@ -10,6 +10,6 @@ static_assert(!sm80::fwd_tiles_are_default<128, cutlass::bfloat16_t, kBudget>(),
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 128, DType::kBf16, Variant::kScoreMod},
     &sm80::run_fwd<128, cutlass::bfloat16_t, true, kBudget>,
-    sm80::fwd_smem_needed<128, cutlass::bfloat16_t, kBudget>(), kBudget);
+    sm80::fwd_smem_needed<128, cutlass::bfloat16_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

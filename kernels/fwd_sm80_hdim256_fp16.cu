@@ -8,6 +8,6 @@ constexpr SmemBudget kBudget = SmemBudget::k227KB;
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 256, DType::kFp16, Variant::kPlain},
     &sm80::run_fwd<256, cutlass::half_t, false, kBudget>,
-    sm80::fwd_smem_needed<256, cutlass::half_t, kBudget>(), kBudget);
+    sm80::fwd_smem_needed<256, cutlass::half_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

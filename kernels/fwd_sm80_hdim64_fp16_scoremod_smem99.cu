@@ -10,6 +10,6 @@ static_assert(!sm80::fwd_tiles_are_default<64, cutlass::half_t, kBudget>(),
 [[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_fwd(
     {Direction::kFwd, Arch::kSm80, 64, DType::kFp16, Variant::kScoreMod},
     &sm80::run_fwd<64, cutlass::half_t, true, kBudget>,
-    sm80::fwd_smem_needed<64, cutlass::half_t, kBudget>(), kBudget);
+    sm80::fwd_smem_needed<64, cutlass::half_t, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }  // namespace
 }  // namespace flashtile

@@ -71,7 +71,7 @@ constexpr SmemBudget kBudget = SmemBudget::{budget_enum};
 {smaller_check}[[maybe_unused]] const bool kRegistered = KernelRegistry::instance().add_{direction}(
     {{Direction::k{Direction}, Arch::kSm80, {hdim}, DType::{dtype_enum}, Variant::{variant_enum}}},
     &sm80::run_{direction}<{hdim}, {cpp_type}, {score_mod}, kBudget>,
-    sm80::{direction}_smem_needed<{hdim}, {cpp_type}, kBudget>(), kBudget);
+    sm80::{direction}_smem_needed<{hdim}, {cpp_type}, kBudget>(), kBudget, FLASHTILE_UNIT_HAS_SM90_CODE);
 }}  // namespace
 }}  // namespace flashtile
 """

@@ -70,10 +70,27 @@ def require_sm90(direction):
         pytest.skip(f"this build has no sm90 {what} kernel (FLASHTILE_CUDA_ARCHS without 90a)")
 
 
+def require_sm80_plain_here(direction, head_dim):
+    """Skip where this GPU cannot run the sm80 plain kernels of direction and
+    head_dim: an H100/H200 with a build that compiled them for the other
+    archs only (FLASHTILE_SM80_PLAIN_ON_SM90; it runs the scoremod ones)."""
+    import pytest
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return
+    off = {(d, int(hd)) for d, arch, hd, _dt, variant in _C.kernels_without_sm90_code()
+           if arch == "sm80" and variant == "plain"}
+    if (direction, head_dim) in off:
+        pytest.skip(f"the sm80 plain {direction} of d{head_dim} has no sm90 code in this build "
+                    "(FLASHTILE_SM80_PLAIN_ON_SM90=ON builds it)")
+
+
 def require_short_fwd_tile():
     """Skip where the d64 forward has no short-key tile: on the 99 KB tiles
-    (FLASHTILE_TEST_SMEM_BUDGET=99; sm80/fwd_traits.hpp's kFwdShortTile)."""
+    (FLASHTILE_TEST_SMEM_BUDGET=99; sm80/fwd_traits.hpp's kFwdShortTile),
+    or where the sm80 plain d64 forward cannot run here."""
     import pytest
 
     if forced_smem_budget() == 99:
         pytest.skip("FLASHTILE_TEST_SMEM_BUDGET=99: 99 KB GPUs run no short-key d64 forward tile")
+    require_sm80_plain_here("fwd", 64)

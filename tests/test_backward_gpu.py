@@ -33,8 +33,7 @@ KERNEL_HEAD_DIMS = list(_checks.SUPPORTED_HEAD_DIMS)  # each has a kernel of its
 
 BUILT_KERNELS = tuple(tuple(entry) for entry in _C.built_kernels())
 FWD_BUILT = _checks.fwd_combos(BUILT_KERNELS)
-BWD_BUILT = tuple(sorted({(int(hd), str(dn)) for direction, arch, hd, dn, variant in BUILT_KERNELS
-                          if direction == "bwd" and arch == "sm80" and variant == "plain"}))
+BWD_BUILT = _checks.kernel_combos(BUILT_KERNELS, "bwd")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 

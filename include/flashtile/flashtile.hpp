@@ -190,12 +190,25 @@ inline Status not_found(bool built_for_larger_budget) {
   return built_for_larger_budget ? Status::kUnsupportedDevice : Status::kNotBuilt;
 }
 
+// The sm80 path's launcher for params, with the tiles for the GPU's shared
+// memory (the largest built budget within dispatch_smem_budget). A build
+// with sm90a compiles the plain kernels that the wgmma kernels replace for
+// its other archs only (CMakeLists.txt): on a 9.0 device, params they would
+// have taken (strides TMA cannot step, or the dispatch limited to sm80) run
+// the score-modifier kernels, which take plain attention too.
+template <class Find>
+auto find_sm80(const KernelRegistry& registry, Variant variant, Find find) {
+  const bool on_sm90 = sm90::device_is_sm90();
+  const SmemBudget budget = dispatch_smem_budget(registry);
+  auto launch = find(variant, budget, on_sm90);
+  if (!launch && on_sm90 && variant == Variant::kPlain) launch = find(Variant::kScoreMod, budget, on_sm90);
+  return launch;
+}
+
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
-// device the wgmma path's where one is built (registry.hpp: plain, some head
-// dims), sm90_dispatch_allowed and its kernels take params
-// (sm90/tma_support.hpp's bwd_takes), else the sm80 path's, with the tiles for
-// the GPU's shared memory (the largest built budget within
-// dispatch_smem_budget). Needs params.workspace of bwd_workspace_bytes(params)
+// device the wgmma path's where one is built, sm90_dispatch_allowed and its
+// kernels take params (sm90/tma_support.hpp's bwd_takes), else the sm80
+// path's (find_sm80). Needs params.workspace of bwd_workspace_bytes(params)
 // bytes.
 inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   const Status ok = can_implement_bwd(p);
@@ -205,10 +218,11 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   if (sm90_dispatch_allowed(registry) && sm90::bwd_takes(p)) {
     launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
-  if (!launch) {
-    launch = registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p), dispatch_smem_budget(registry));
-  }
-  if (!launch) return not_found(registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p)) != nullptr);
+  auto find = [&](Variant variant, SmemBudget budget, bool on_sm90) {
+    return registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, on_sm90);
+  };
+  if (!launch) launch = find_sm80(registry, variant_for(p), find);
+  if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, false) != nullptr);
   return launch(p, stream);
 }
 
@@ -224,8 +238,8 @@ inline FwdParams with_broadcast_kv_as_one_head(FwdParams p) {
 
 // Runs the forward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma/TMA path's where one is built, sm90_dispatch_allowed and
-// its kernels take params (sm90/tma_support.hpp: plain attention, strides TMA
-// can step), else the sm80 path's for the GPU's shared memory (as bwd).
+// its kernels take params (sm90/tma_support.hpp: no dropout, strides TMA can
+// step), else the sm80 path's (find_sm80).
 inline Status fwd(const FwdParams& params, cudaStream_t stream) {
   const Status ok = can_implement_fwd(params);
   if (ok != Status::kSuccess) return ok;
@@ -235,10 +249,11 @@ inline Status fwd(const FwdParams& params, cudaStream_t stream) {
   if (sm90_dispatch_allowed(registry) && sm90::fwd_supports(p)) {
     launch = registry.find_fwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
-  if (!launch) {
-    launch = registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p), dispatch_smem_budget(registry));
-  }
-  if (!launch) return not_found(registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant_for(p)) != nullptr);
+  auto find = [&](Variant variant, SmemBudget budget, bool on_sm90) {
+    return registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, on_sm90);
+  };
+  if (!launch) launch = find_sm80(registry, variant_for(p), find);
+  if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, false) != nullptr);
   return launch(p, stream);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <vector>
 
 #include "flashtile/params.hpp"
@@ -17,9 +18,10 @@
 namespace flashtile {
 
 enum class Direction : int { kFwd = 0, kBwd = 1 };
-// kSm80 is the mma.sync / cp.async path: it runs on sm80 and every newer arch.
+// kSm80 is the mma.sync / cp.async path: it runs on sm80 and newer archs
+// (on 9.0 only where its file was compiled for it: add_fwd's sm90_code).
 // kSm90 is the wgmma path (sm90/): its sm90a code runs on compute capability
-// 9.0 (H100, H200) only, and exists for the plain backward of some head dims.
+// 9.0 (H100, H200) only.
 enum class Arch : int { kSm80 = 0, kSm90 = 1 };
 
 // kScoreMod kernels apply softcap, ALiBi and dropout (common/score_mod.hpp,
@@ -44,6 +46,26 @@ struct KernelKey {
   }
 };
 
+// Whether a list of nvcc's virtual archs (800, 900, ...) holds `arch`.
+constexpr bool arch_listed(std::initializer_list<int> archs, int arch) {
+  for (int a : archs) {
+    if (a == arch) return true;
+  }
+  return false;
+}
+
+// Whether the translation unit being compiled has code for compute
+// capability 9.0 (nvcc's __CUDA_ARCH_LIST__ names each virtual arch it
+// compiles for: 900 for compute_90 and compute_90a). A kernels/ file passes
+// it to add_fwd and add_bwd: the sm80 plain kernels that the wgmma kernels
+// replace are built for the other archs only (CMakeLists.txt). A macro, so
+// that each file answers for itself. Without nvcc's list: true.
+#ifdef __CUDA_ARCH_LIST__
+#define FLASHTILE_UNIT_HAS_SM90_CODE (::flashtile::arch_listed({__CUDA_ARCH_LIST__}, 900))
+#else
+#define FLASHTILE_UNIT_HAS_SM90_CODE true
+#endif
+
 using FwdLauncher = Status (*)(const FwdParams&, cudaStream_t);
 using BwdLauncher = Status (*)(const BwdParams&, cudaStream_t);
 
@@ -61,31 +83,33 @@ class KernelRegistry {
   // kernels). `tuned_for`: the GPUs whose budget its tiles were chosen for
   // (the kBudget of run_fwd / run_bwd): a 99 KB GPU's tiles may be smaller
   // than the default's for its registers, not only for its shared memory.
-  // One key may have a launcher per tuned_for.
+  // One key may have a launcher per tuned_for. `sm90_code`: its kernels
+  // have code for compute capability 9.0 (FLASHTILE_UNIT_HAS_SM90_CODE).
   bool add_fwd(KernelKey key, FwdLauncher launch, SmemBudget needs,
-               SmemBudget tuned_for = SmemBudget::k227KB) {
-    fwd_.push_back({key, launch, needs, tuned_for});
+               SmemBudget tuned_for = SmemBudget::k227KB, bool sm90_code = true) {
+    fwd_.push_back({key, launch, needs, tuned_for, sm90_code});
     return true;
   }
 
   // The launcher of that key for a GPU with `budget` of shared memory per
   // block: the one tuned for that budget where built; otherwise, of those
   // whose kernels fit, the one needing the most (on a tie the one tuned for
-  // the larger GPU: the default tiles). nullptr when none is built or fits.
+  // the larger GPU: the default tiles). With `on_sm90`, only launchers with
+  // code for compute capability 9.0. nullptr when none is built or fits.
   FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype, Variant variant,
-                       SmemBudget budget = SmemBudget::k227KB) const {
-    return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget);
+                       SmemBudget budget = SmemBudget::k227KB, bool on_sm90 = false) const {
+    return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget, on_sm90);
   }
 
   bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs,
-               SmemBudget tuned_for = SmemBudget::k227KB) {
-    bwd_.push_back({key, launch, needs, tuned_for});
+               SmemBudget tuned_for = SmemBudget::k227KB, bool sm90_code = true) {
+    bwd_.push_back({key, launch, needs, tuned_for, sm90_code});
     return true;
   }
 
   BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype, Variant variant,
-                       SmemBudget budget = SmemBudget::k227KB) const {
-    return find(bwd_, KernelKey{Direction::kBwd, arch, head_dim, dtype, variant}, budget);
+                       SmemBudget budget = SmemBudget::k227KB, bool on_sm90 = false) const {
+    return find(bwd_, KernelKey{Direction::kBwd, arch, head_dim, dtype, variant}, budget, on_sm90);
   }
 
   // A dispatch limit for tests and benchmarks: with kSm80, callers skip the
@@ -115,6 +139,18 @@ class KernelRegistry {
     return out;
   }
 
+  // The keys none of whose launchers has code for compute capability 9.0.
+  std::vector<KernelKey> keys_without_sm90_code() const {
+    std::vector<KernelKey> out;
+    for (const KernelKey& key : keys()) {
+      bool sm90_code = false;
+      for (const FwdEntry& e : fwd_) sm90_code |= e.key == key && e.sm90_code;
+      for (const BwdEntry& e : bwd_) sm90_code |= e.key == key && e.sm90_code;
+      if (!sm90_code) out.push_back(key);
+    }
+    return out;
+  }
+
   struct LauncherBudget {
     SmemBudget needs;
     SmemBudget tuned_for;
@@ -139,6 +175,7 @@ class KernelRegistry {
     Launcher launch;
     SmemBudget needs;
     SmemBudget tuned_for;
+    bool sm90_code;
   };
   using FwdEntry = Entry<FwdLauncher>;
   using BwdEntry = Entry<BwdLauncher>;
@@ -154,10 +191,14 @@ class KernelRegistry {
   }
 
   template <class Launcher>
-  static Launcher find(const std::vector<Entry<Launcher>>& entries, const KernelKey& want, SmemBudget budget) {
+  static Launcher find(const std::vector<Entry<Launcher>>& entries, const KernelKey& want, SmemBudget budget,
+                       bool on_sm90) {
     const Entry<Launcher>* best = nullptr;
     for (const Entry<Launcher>& e : entries) {
-      if (e.key == want && e.needs <= budget && (best == nullptr || preferred(e, *best, budget))) best = &e;
+      if (e.key == want && e.needs <= budget && (e.sm90_code || !on_sm90) &&
+          (best == nullptr || preferred(e, *best, budget))) {
+        best = &e;
+      }
     }
     return best ? best->launch : nullptr;
   }

@@ -585,6 +585,17 @@ std::vector<std::tuple<std::string, std::string, int, std::string, std::string>>
   return out;
 }
 
+// The same for the instantiations built without code for compute capability
+// 9.0 (registry.hpp's keys_without_sm90_code).
+std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> kernels_without_sm90_code() {
+  std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> out;
+  for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys_without_sm90_code()) {
+    out.emplace_back(flashtile::direction_name(key.direction), flashtile::arch_name(key.arch),
+                     key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant));
+  }
+  return out;
+}
+
 // (direction, head_dim, dtype, variant, needs KB, tuned-for KB) for each
 // SM80-path launcher: the shared memory per block its kernels need and the
 // budget its tiles were chosen for (smem_budget.hpp, registry.hpp).
@@ -722,4 +733,8 @@ NB_MODULE(_C, m) {
   m.attr("smem_budgets_built") = nb::cast(smem_budgets_built());
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
+  m.def("kernels_without_sm90_code", &kernels_without_sm90_code,
+        "The built_kernels() entries compiled without code for compute capability 9.0: the sm80 plain "
+        "kernels that the wgmma kernels replace, in a build with 90a (FLASHTILE_SM80_PLAIN_ON_SM90). "
+        "An H100/H200 runs the sm80 scoremod kernels in their place.");
 }

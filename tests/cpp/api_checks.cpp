@@ -349,6 +349,24 @@ int main() {
   expect(flashtile::KernelRegistry::instance().keys().empty(), "no kernels registered in this binary");
   expect(flashtile::fwd(valid_fwd(), nullptr) == Status::kNotBuilt, "fwd() without kernels is kNotBuilt");
   expect(flashtile::bwd(valid_bwd(), nullptr) == Status::kNotBuilt, "bwd() without kernels is kNotBuilt");
+  // A launcher registered without code for compute capability 9.0 (an sm80
+  // plain file of a build with 90a, compiled for its other archs) is skipped
+  // where the dispatch asks for sm90 code.
+  {
+    flashtile::KernelRegistry registry;
+    const flashtile::KernelKey plain{flashtile::Direction::kFwd, flashtile::Arch::kSm80, 64, flashtile::DType::kBf16,
+                                     flashtile::Variant::kPlain};
+    flashtile::FwdLauncher launch = [](const flashtile::FwdParams&, cudaStream_t) { return Status::kSuccess; };
+    registry.add_fwd(plain, launch, flashtile::SmemBudget::k99KB, flashtile::SmemBudget::k227KB, false);
+    expect(registry.find_fwd(flashtile::Arch::kSm80, 64, flashtile::DType::kBf16, flashtile::Variant::kPlain) == launch &&
+               registry.find_fwd(flashtile::Arch::kSm80, 64, flashtile::DType::kBf16, flashtile::Variant::kPlain,
+                                 flashtile::SmemBudget::k227KB, true) == nullptr,
+           "a launcher without sm90 code is found except where sm90 code is asked for");
+    expect(registry.keys_without_sm90_code().size() == 1 && registry.keys_without_sm90_code()[0] == plain,
+           "keys_without_sm90_code lists it");
+    expect(flashtile::arch_listed({800, 900}, 900) && !flashtile::arch_listed({800}, 900),
+           "arch_listed finds 900 in nvcc's arch list");
+  }
   Fwd bad = valid_fwd();
   bad.head_dim = 80;
   expect(flashtile::fwd(bad, nullptr) == Status::kUnsupportedHeadDim, "fwd() checks before dispatch");
