@@ -195,13 +195,16 @@ inline Status not_found(bool built_for_larger_budget) {
 // with sm90a compiles the plain kernels that the wgmma kernels replace for
 // its other archs only (CMakeLists.txt): on a 9.0 device, params they would
 // have taken (strides TMA cannot step, or the dispatch limited to sm80) run
-// the score-modifier kernels, which take plain attention too.
+// the score-modifier kernels, which take plain attention too. A build with
+// no sm90 code for either (one without 90a) runs on the driver's JIT
+// compilation of the kernels' compute_80 PTX, as before.
 template <class Find>
 auto find_sm80(const KernelRegistry& registry, Variant variant, Find find) {
   const bool on_sm90 = sm90::device_is_sm90();
   const SmemBudget budget = dispatch_smem_budget(registry);
   auto launch = find(variant, budget, on_sm90);
-  if (!launch && on_sm90 && variant == Variant::kPlain) launch = find(Variant::kScoreMod, budget, on_sm90);
+  if (!launch && on_sm90 && variant == Variant::kPlain) launch = find(Variant::kScoreMod, budget, true);
+  if (!launch && on_sm90) launch = find(variant, budget, false);
   return launch;
 }
 
