@@ -221,8 +221,8 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   if (sm90_dispatch_allowed(registry) && sm90::bwd_takes(p)) {
     launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
-  auto find = [&](Variant variant, SmemBudget budget, bool on_sm90) {
-    return registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, on_sm90);
+  auto find = [&](Variant variant, SmemBudget budget, bool sm90_code_only) {
+    return registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, sm90_code_only);
   };
   if (!launch) launch = find_sm80(registry, variant_for(p), find);
   if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, false) != nullptr);
@@ -252,8 +252,8 @@ inline Status fwd(const FwdParams& params, cudaStream_t stream) {
   if (sm90_dispatch_allowed(registry) && sm90::fwd_supports(p)) {
     launch = registry.find_fwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
-  auto find = [&](Variant variant, SmemBudget budget, bool on_sm90) {
-    return registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, on_sm90);
+  auto find = [&](Variant variant, SmemBudget budget, bool sm90_code_only) {
+    return registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, sm90_code_only);
   };
   if (!launch) launch = find_sm80(registry, variant_for(p), find);
   if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, false) != nullptr);

@@ -94,11 +94,11 @@ class KernelRegistry {
   // The launcher of that key for a GPU with `budget` of shared memory per
   // block: the one tuned for that budget where built; otherwise, of those
   // whose kernels fit, the one needing the most (on a tie the one tuned for
-  // the larger GPU: the default tiles). With `on_sm90`, only launchers with
-  // code for compute capability 9.0. nullptr when none is built or fits.
+  // the larger GPU: the default tiles). With `sm90_code_only`, only launchers
+  // with code for compute capability 9.0. nullptr when none is built or fits.
   FwdLauncher find_fwd(Arch arch, int head_dim, DType dtype, Variant variant,
-                       SmemBudget budget = SmemBudget::k227KB, bool on_sm90 = false) const {
-    return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget, on_sm90);
+                       SmemBudget budget = SmemBudget::k227KB, bool sm90_code_only = false) const {
+    return find(fwd_, KernelKey{Direction::kFwd, arch, head_dim, dtype, variant}, budget, sm90_code_only);
   }
 
   bool add_bwd(KernelKey key, BwdLauncher launch, SmemBudget needs,
@@ -108,8 +108,8 @@ class KernelRegistry {
   }
 
   BwdLauncher find_bwd(Arch arch, int head_dim, DType dtype, Variant variant,
-                       SmemBudget budget = SmemBudget::k227KB, bool on_sm90 = false) const {
-    return find(bwd_, KernelKey{Direction::kBwd, arch, head_dim, dtype, variant}, budget, on_sm90);
+                       SmemBudget budget = SmemBudget::k227KB, bool sm90_code_only = false) const {
+    return find(bwd_, KernelKey{Direction::kBwd, arch, head_dim, dtype, variant}, budget, sm90_code_only);
   }
 
   // A dispatch limit for tests and benchmarks: with kSm80, callers skip the
@@ -192,10 +192,10 @@ class KernelRegistry {
 
   template <class Launcher>
   static Launcher find(const std::vector<Entry<Launcher>>& entries, const KernelKey& want, SmemBudget budget,
-                       bool on_sm90) {
+                       bool sm90_code_only) {
     const Entry<Launcher>* best = nullptr;
     for (const Entry<Launcher>& e : entries) {
-      if (e.key == want && e.needs <= budget && (e.sm90_code || !on_sm90) &&
+      if (e.key == want && e.needs <= budget && (e.sm90_code || !sm90_code_only) &&
           (best == nullptr || preferred(e, *best, budget))) {
         best = &e;
       }
