@@ -576,24 +576,23 @@ std::vector<std::tuple<int, std::string>> built_kvcache_kernels() {
   return out;
 }
 
-std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> built_kernels() {
-  std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> out;
-  for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys()) {
+// (direction, arch, head_dim, dtype, variant) of each key, by name.
+using KeyRow = std::tuple<std::string, std::string, int, std::string, std::string>;
+std::vector<KeyRow> key_rows(const std::vector<flashtile::KernelKey>& keys) {
+  std::vector<KeyRow> out;
+  for (const flashtile::KernelKey& key : keys) {
     out.emplace_back(flashtile::direction_name(key.direction), flashtile::arch_name(key.arch),
                      key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant));
   }
   return out;
 }
 
-// The same for the instantiations built without code for compute capability
-// 9.0 (registry.hpp's keys_without_sm90_code).
-std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> kernels_without_sm90_code() {
-  std::vector<std::tuple<std::string, std::string, int, std::string, std::string>> out;
-  for (const flashtile::KernelKey& key : flashtile::KernelRegistry::instance().keys_without_sm90_code()) {
-    out.emplace_back(flashtile::direction_name(key.direction), flashtile::arch_name(key.arch),
-                     key.head_dim, flashtile::dtype_name(key.dtype), flashtile::variant_name(key.variant));
-  }
-  return out;
+std::vector<KeyRow> built_kernels() { return key_rows(flashtile::KernelRegistry::instance().keys()); }
+
+// The instantiations built without code for compute capability 9.0
+// (registry.hpp's keys_without_sm90_code).
+std::vector<KeyRow> kernels_without_sm90_code() {
+  return key_rows(flashtile::KernelRegistry::instance().keys_without_sm90_code());
 }
 
 // (direction, head_dim, dtype, variant, needs KB, tuned-for KB) for each
