@@ -535,7 +535,7 @@ SM90_BWD_BUILT = sm90_built("bwd")
 # The head dims whose sm90 backward is the warp-specialized TMA kernel
 # (include/flashtile/sm90/bwd_ws_kernel.hpp); the others' is the wgmma main
 # kernel of sm90/bwd_kernel.hpp.
-SM90_BWD_WS_HEAD_DIMS = (64, 128, 256)
+SM90_BWD_WS_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
 def require_sm90_backward():

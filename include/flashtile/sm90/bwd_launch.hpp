@@ -1,9 +1,9 @@
-// Host entry point of the SM90 backward. Head dims 64, 128 and 256 run the
+// Host entry point of the SM90 backward. Head dims 32, 64, 96, 128 and 256 run the
 // warp-specialized kernel (sm90/bwd_ws_kernel.hpp) on tensors TMA can
 // describe (bwd_supports; flashtile::bwd sends the others to the SM80
 // kernels, sm90/tma_support.hpp's bwd_takes): rowsum, that kernel, dQ's
 // conversion (in the deterministic mode too: its key blocks add dQ in
-// turns). d64 and d128 keep a key block's dK and dV in one warpgroup's
+// turns). d32 to d128 keep a key block's dK and dV in one warpgroup's
 // registers (sm90/bwd_ws_traits.hpp); d256 splits them by head dim and
 // stages P and dS in shared memory (sm90/bwd_ws_staged_traits.hpp). Other
 // head dims run the SM80 launcher's sequence (sm80/bwd_launch.hpp) with the

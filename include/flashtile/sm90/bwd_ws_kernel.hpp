@@ -74,14 +74,16 @@ struct BwdWsTma {
                          Shape<Int<kRows>, Int<Traits::kHeadDim>>{}, _1{});
   }
   using Q = decltype(make<typename Traits::SmemLayoutQ, Traits::kBlockM>(nullptr, BwdShapeRows{}, BwdStrideRows{}));
-  using KV = decltype(make<typename Traits::SmemLayoutKV, Traits::kBlockN>(nullptr, BwdShapeRows{}, BwdStrideRows{}));
+  using K = decltype(make<typename Traits::SmemLayoutK, Traits::kBlockN>(nullptr, BwdShapeRows{}, BwdStrideRows{}));
+  using V = decltype(make<typename Traits::SmemLayoutV, Traits::kBlockN>(nullptr, BwdShapeRows{}, BwdStrideRows{}));
 };
 
 template <class Traits>
 struct BwdWsParams {
   BwdParams bwd;
   typename BwdWsTma<Traits>::Q tma_q, tma_do;
-  typename BwdWsTma<Traits>::KV tma_k, tma_v;
+  typename BwdWsTma<Traits>::K tma_k;
+  typename BwdWsTma<Traits>::V tma_v;
   BwdShapeRows shape_q;  // (rows, kHeadDim, nheads, batch)
   BwdShapeRows shape_k;  // (rows, kHeadDim, nheads_k, batch)
   float* dq_accum;
@@ -102,7 +104,6 @@ struct BwdWsParams {
     using Tma = BwdWsTma<Traits>;
     using Element = typename Traits::Element;
     using LayoutQ = typename Traits::SmemLayoutQ;
-    using LayoutKV = typename Traits::SmemLayoutKV;
     const BwdShapeRows shape_q{rows_q, Traits::kHeadDim, p.nheads, batch};
     const BwdShapeRows shape_k{rows_k, Traits::kHeadDim, p.nheads_k, batch};
     return {p,
@@ -112,10 +113,10 @@ struct BwdWsParams {
             Tma::template make<LayoutQ, Traits::kBlockM>(
                 static_cast<const Element*>(p.dout), shape_q,
                 strides(p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, rows_q, p.nheads)),
-            Tma::template make<LayoutKV, Traits::kBlockN>(
+            Tma::template make<typename Traits::SmemLayoutK, Traits::kBlockN>(
                 static_cast<const Element*>(p.k), shape_k,
                 strides(p.k_row_stride, p.k_head_stride, p.k_batch_stride, rows_k, p.nheads_k)),
-            Tma::template make<LayoutKV, Traits::kBlockN>(
+            Tma::template make<typename Traits::SmemLayoutV, Traits::kBlockN>(
                 static_cast<const Element*>(p.v), shape_k,
                 strides(p.v_row_stride, p.v_head_stride, p.v_batch_stride, rows_k, p.nheads_k)),
             shape_q,
@@ -196,8 +197,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   auto stage_of = [](Element* ring, int stage, auto layout) {
     return make_tensor(make_smem_ptr(ring + stage * cosize_v<typename Traits::SmemLayoutQ>), layout);
   };
-  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
-  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, kHeadDim)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, kHeadDim)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, kHeadDim)
 
   const int warp_group = int(threadIdx.x) / 128;
   if (warp_group == 0) {

@@ -80,6 +80,9 @@ struct BwdWsStagedTraits {
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kCols>>{}));
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // Q, dO: (kBlockM, kHeadDim), one stage
   using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // K, V: (kBlockN, kHeadDim)
+  using SmemLayoutK = SmemLayoutKV;
+  using SmemLayoutV = SmemLayoutKV;
+  using SmemLayoutdQ = SmemLayoutQ;  // bwd_convert_dq_kernel's stage
   using SmemLayoutPdS = SmemLayoutTile<kBlockM, kBlockN>;  // P, dS: (kBlockM, kBlockN)
   using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
   using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)

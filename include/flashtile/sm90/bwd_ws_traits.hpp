@@ -1,13 +1,13 @@
 // Tile configuration of the warp-specialized SM90 backward
 // (sm90/bwd_ws_kernel.hpp). A CTA owns kBlockN = 128 keys of one K/V head;
 // its two consumer warpgroups own 64 keys each and walk the query blocks
-// (kBlockM = 128 rows at d64, 64 at d128) that see them. Per query block,
-// warpgroup w computes on its keys:
+// (kBlockM = 128 rows at d32 and d64, 64 at d96 and d128) that see them.
+// Per query block, warpgroup w computes on its keys:
 //   Sᵀ  = K_w·Qᵀ,  dPᵀ = V_w·dOᵀ     (64 × kBlockM)   SS, both K-major
 //   dV_w += Pᵀ·dO, dK_w += dSᵀ·Q      (64 × kHeadDim)  RS: Pᵀ, dSᵀ from registers
 // and, once both warpgroups have staged dSᵀ in shared memory, its share of
 //   dQ = dS·K                           SS, both MN-major
-// (rows 64w..64w+63 at d64, head-dim half w at d128).
+// (rows 64w..64w+63 at d32 and d64, head-dim half w at d96 and d128).
 // Computing Sᵀ rather than S puts the keys on wgmma's M, so Pᵀ and dSᵀ
 // leave the accumulators already as the A operands of dV and dK: nothing
 // goes through shared memory for them, and dK, dV stay in registers.
@@ -44,9 +44,9 @@ struct BwdWsTraits {
   // Query rows per step. At d64, 128: Sᵀ, dPᵀ and dQ are then n128 wgmmas
   // (6 KB of shared memory read per 262 kFLOP; n64 reads 4 KB per 131 kFLOP,
   // all of shared memory's bandwidth at the tensor cores' rate), and dK, dV
-  // (32 fp32 each) leave the registers for Sᵀ and dPᵀ's 64 each. At d128 64
-  // rows: dK and dV take 64 each.
-  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
+  // (32 fp32 each) leave the registers for Sᵀ and dPᵀ's 64 each; at d32
+  // too (16 each). At d96 and d128 64 rows: dK and dV take 48 or 64 each.
+  static constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
   static constexpr int kStages = 2;    // Q, dO, LSE, D buffers
   static constexpr int kMmaWarpgroups = 2;
@@ -56,7 +56,7 @@ struct BwdWsTraits {
   // d128, 32 · 2 + 64 · 2 + 32 at d64, in 240 registers, beside the LSE and D
   // of the thread's query columns (16 each at d128, 32 at d64) and Pᵀ, dSᵀ
   // in 16 bits: what bounds d64.
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to d128");
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to d128");
   // At d64 the LSE and D of a thread's 32 query columns are split between
   // the 8 lanes that share them and fetched by shuffle (sm90/column_values.hpp):
   // with all 32 in registers beside Sᵀ, dPᵀ, dK and dV, ptxas spilled.
@@ -96,20 +96,36 @@ struct BwdWsTraits {
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::MN,
                            GMMA::Major::MN>(),
       DqPerWarpgroup{}));  // (kBlockM, kHeadDim) over kBlockN
+  // d96's N = 48 is one of the wgmma shapes CuTe declares only under
+  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (kernels/generate.py writes it
+  // into the d96 backward files); without it the selector splits dQ into
+  // 64 × 16 products, each reading dS's tile from shared memory again.
+  static_assert(size<1>(typename TiledMmadQ::AtomShape_MNK{}) == kDqCols,
+                "this tile needs CuTe's extended wgmma shapes: define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED "
+                "before including any CuTe header");
 
-  // 128-byte-swizzled tiles (rows of 64 elements); the operands read
-  // MN-major are transposed views of them (a K-major 8 × 64 atom read
-  // column-wise is an MN-major 64 × 8 one). Kᵀ is dQ's MN-major B operand,
-  // whose N (a warpgroup's columns of dQ) must be whole 64-column atoms.
-  static_assert(kDqCols % 64 == 0, "dQ's columns per warpgroup are whole 128-byte swizzle atoms");
-  template <int kRows, int kCols>
-  using SmemLayoutTile =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kCols>>{}));
-  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // Q, dO: (kBlockM, kHeadDim), one stage
-  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // K, V: (kBlockN, kHeadDim)
-  using SmemLayoutdSt = SmemLayoutTile<kBlockN, kBlockM>;  // dSᵀ: (kBlockN, kBlockM)
+  // Swizzled tiles of 8-row atoms, the widest whose columns divide the
+  // tile's: 128-byte rows (64 columns), else 64-byte (32, d96's) or 32-byte
+  // (16). The operands read MN-major are transposed views of them (a
+  // K-major 8 × 64 atom read column-wise is an MN-major 64 × 8 one). Kᵀ is
+  // dQ's MN-major B operand, whose N (a warpgroup's columns of dQ) must be
+  // whole atoms: K's atom divides kDqCols (d96's warpgroups take 48 columns
+  // each: 32-byte atoms for K alone).
+  template <int kCols>
+  using AtomFor = std::conditional_t<
+      kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+      std::conditional_t<kCols % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  template <int kRows, int kCols, int kAtomCols = kCols>
+  using SmemLayoutTile = decltype(tile_to_shape(AtomFor<kAtomCols>{}, Shape<Int<kRows>, Int<kCols>>{}));
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;           // Q, dO: (kBlockM, kHeadDim), one stage
+  using SmemLayoutK = SmemLayoutTile<kBlockN, kHeadDim, kDqCols>;  // (kBlockN, kHeadDim)
+  using SmemLayoutV = SmemLayoutTile<kBlockN, kHeadDim>;           // (kBlockN, kHeadDim)
+  using SmemLayoutdSt = SmemLayoutTile<kBlockN, kBlockM>;          // dSᵀ: (kBlockN, kBlockM)
+  // bwd_convert_dq_kernel's stage, written from dQ's product fragments: a
+  // warpgroup's kDqCols columns whole atoms, as K's.
+  using SmemLayoutdQ = SmemLayoutTile<kBlockM, kHeadDim, kDqCols>;  // (kBlockM, kHeadDim)
   using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
-  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutK, kBlockN, kHeadDim>;     // (kHeadDim, kBlockN)
   using SmemLayoutdS = TransposedLayout<SmemLayoutdSt, kBlockN, kBlockM>;    // (kBlockM, kBlockN)
   // dSᵀ from the accumulator's registers by stmatrix (8 × 8 tiles of 16-bit
   // values, 16-byte rows): the element-wise copy compiled to 16 generic
@@ -122,8 +138,8 @@ struct BwdWsTraits {
   struct SharedStorage {
     // 1024-byte alignment: the 128-byte swizzle's period, which TMA and
     // wgmma assume of a tile's base address.
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, kStages * cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, kStages * cosize_v<SmemLayoutQ>> dout;
     // dSᵀ double-buffered: a warpgroup writes block i's while the other
@@ -154,9 +170,10 @@ struct BwdWsConvertTraits {
   static constexpr int kHeadDim = WsTraits::kHeadDim;
   static constexpr int kNThreads = WsTraits::kMmaThreads;
   using TiledMmadQ = typename WsTraits::TiledMmadQ;
-  using SmemLayoutQ = typename WsTraits::SmemLayoutQ;  // the conversion's bf16/fp16 stage
+  using SmemLayoutQ = typename WsTraits::SmemLayoutdQ;  // the conversion's bf16/fp16 stage
   using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
-  using GmemTiledCopyStore = GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, 64>;
+  using GmemTiledCopyStore =
+      GmemTiledCopyForAtom<UniversalCopy<uint128_t>, Element, kNThreads, kHeadDim % 64 == 0 ? 64 : 32>;
 };
 
 }  // namespace flashtile::sm90

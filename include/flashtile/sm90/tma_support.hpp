@@ -59,7 +59,9 @@ inline bool bwd_supports(const BwdParams& p) {
 }
 
 // The head dims whose sm90 backward is the warp-specialized kernel alone.
-constexpr bool bwd_warp_specialized(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+constexpr bool bwd_warp_specialized(int head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+}
 
 // The sm90 backward built for p's head dim takes p: no dropout; at the
 // warp-specialized head dims tensors TMA can step (softcap and ALiBi too,
