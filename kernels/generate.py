@@ -18,13 +18,10 @@ HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = {"fp16": ("cutlass::half_t", "kFp16"), "bf16": ("cutlass::bfloat16_t", "kBf16")}
 ARCH = "sm80"  # the mma.sync path; runs on sm80 and newer
 # The wgmma backward (include/flashtile/sm90/): bwd_sm90_hdim{d}_{dtype}[_scoremod].cu,
-# compiled for sm90a only. Head dims 32, 64, 96, 128 and 256 run the warp-specialized
-# TMA kernel (sm90/bwd_ws_kernel.hpp), in both variants (its scoremod one
-# applies softcap and ALiBi; dropout runs the sm80 kernels); 192 the wgmma
-# main kernel that beat the sm80 one on the H200 (benchmarks/NOTES.md,
-# "Backward on wgmma"), plain only.
-SM90_BWD_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
-SM90_BWD_SCOREMOD_HEAD_DIMS = (32, 64, 96, 128, 256)
+# compiled for sm90a only: the warp-specialized TMA kernel
+# (sm90/bwd_ws_kernel.hpp) at every head dim, in both variants (its scoremod
+# one applies softcap and ALiBi; dropout runs the sm80 kernels).
+SM90_BWD_HEAD_DIMS = HEAD_DIMS
 # The warp-specialized wgmma + TMA forward (include/flashtile/sm90/fwd_*.hpp):
 # fwd_sm90_hdim{d}_{dtype}[_scoremod].cu, compiled for sm90a only, for the
 # head dims whose kernels have passed the GPU suite and the fuzzer on the
@@ -176,8 +173,6 @@ def kernel_files():
     for hdim in SM90_BWD_HEAD_DIMS:
         for dtype, (cpp_type, dtype_enum) in DTYPES.items():
             for suffix, variant_enum, score_mod in VARIANTS.values():
-                if score_mod == "true" and hdim not in SM90_BWD_SCOREMOD_HEAD_DIMS:
-                    continue
                 preamble = EXTENDED_SHAPES_PREAMBLE if hdim in SM90_BWD_EXTENDED_SHAPES else ""
                 yield (f"bwd_sm90_hdim{hdim}_{dtype}{suffix}.cu",
                        SM90_BWD_TEMPLATE.format(hdim=hdim, cpp_type=cpp_type, dtype_enum=dtype_enum,

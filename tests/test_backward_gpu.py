@@ -528,14 +528,10 @@ def test_backward_kernel_not_built_is_named():
 
 
 # --------------------------------------------------------------------------
-# the wgmma backward (include/flashtile/sm90/)
+# the warp-specialized wgmma + TMA backward (include/flashtile/sm90/bwd_ws_kernel.hpp)
 # --------------------------------------------------------------------------
 
 SM90_BWD_BUILT = sm90_built("bwd")
-# The head dims whose sm90 backward is the warp-specialized TMA kernel
-# (include/flashtile/sm90/bwd_ws_kernel.hpp); the others' is the wgmma main
-# kernel of sm90/bwd_kernel.hpp.
-SM90_BWD_WS_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
 def require_sm90_backward():
@@ -553,20 +549,18 @@ def backward_kernel_names(q, k, v, causal, deterministic=False):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
     """On an sm90 device the plain backward of an sm90-built head dim runs the
-    wgmma main kernel, and every other head dim the sm80 one; the other tests
-    of this file then check the wgmma kernel's gradients at those head dims."""
+    warp-specialized kernel, and every other head dim the sm80 one; the other
+    tests of this file then check its gradients at those head dims."""
     require_sm90_backward()
     for head_dim, name in SM90_BWD_BUILT:
         q, k, v = rand_qkv(1, 200, 200, 2, 2, head_dim, DTYPES[name])
         names = backward_kernel_names(q, k, v, causal, deterministic)
-        kernel = "flashtile::sm90::bwd_ws_kernel" if head_dim in SM90_BWD_WS_HEAD_DIMS else "flashtile::sm90::bwd_dkdv_kernel"
-        assert any(kernel in n for n in names), (head_dim, names)
+        assert any("flashtile::sm90::bwd_ws_kernel" in n for n in names), (head_dim, names)
         assert not any("flashtile::sm80::bwd_dkdv_kernel" in n for n in names), names
-        if head_dim in SM90_BWD_WS_HEAD_DIMS:
-            # dQ comes from the warp-specialized kernel in both modes (in
-            # turns when deterministic), then its conversion; no dQ kernel.
-            assert not any("bwd_dq_kernel" in n for n in names), (head_dim, names)
-            assert any("bwd_convert_dq_kernel" in n for n in names), (head_dim, names)
+        # dQ comes from the warp-specialized kernel in both modes (in turns
+        # when deterministic), then its conversion; no dQ kernel.
+        assert not any("bwd_dq_kernel" in n for n in names), (head_dim, names)
+        assert any("bwd_convert_dq_kernel" in n for n in names), (head_dim, names)
     others = [combo for combo in BWD_BUILT if combo not in SM90_BWD_BUILT and combo in FWD_BUILT]
     if others:
         head_dim, name = others[0]
@@ -576,12 +570,11 @@ def test_sm90_backward_is_the_kernel_that_runs(causal, deterministic):
 
 
 def test_sm90_backward_without_tma_runs_sm80():
-    """At the warp-specialized head dims a dout TMA cannot read (stride 0,
-    what out.sum() hands over) runs the SM80 kernels, which take any
-    strides, with correct gradients; a contiguous one the TMA kernel."""
+    """A dout TMA cannot read (stride 0, what out.sum() hands over) runs the
+    SM80 kernels, which take any strides, with correct gradients; a
+    contiguous one the TMA kernel."""
     require_sm90_backward()
-    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT
-             if hd in SM90_BWD_WS_HEAD_DIMS and (hd, name) in BWD_BUILT and (hd, name) in FWD_BUILT]
+    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if (hd, name) in BWD_BUILT and (hd, name) in FWD_BUILT]
     if not pairs:
         pytest.skip(f"no warp-specialized backward with an SM80 one beside it (sm90: {SM90_BWD_BUILT})")
     for head_dim, name in pairs:
@@ -620,16 +613,13 @@ def test_sm90_deterministic_dq_in_turns(causal, window, seqused):
     up to the order of fp32 sums (which the other tests hold to the float64
     reference)."""
     require_sm90_backward()
-    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
-    if not pairs:
-        pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
     seqlens_q, seqlens_k = [1030, 1, 389, 700, 1030], [1100, 5, 389, 640, 1100]
     cu_q = torch.tensor([0, *itertools.accumulate(seqlens_q)], device="cuda", dtype=torch.int32)
     cu_k = torch.tensor([0, *itertools.accumulate(seqlens_k)], device="cuda", dtype=torch.int32)
     used_k = torch.tensor([1000, 5, 300, 640, 1000], device="cuda", dtype=torch.int32) if seqused else None
     first_q, last_q = slice(0, seqlens_q[0]), slice(cu_q[-2].item(), cu_q[-1].item())
     first_k, last_k = slice(0, seqlens_k[0]), slice(cu_k[-2].item(), cu_k[-1].item())
-    for head_dim, name in pairs:
+    for head_dim, name in SM90_BWD_BUILT:
         dtype = DTYPES[name]
         q = torch.randn(sum(seqlens_q), 8, head_dim, device="cuda", dtype=dtype)
         k = torch.randn(sum(seqlens_k), 2, head_dim, device="cuda", dtype=dtype)
@@ -666,10 +656,7 @@ def test_sm90_deterministic_many_waves(causal):
     time limit: a wrong order hangs), two runs give the same bits, and the
     gradients equal the default mode's up to the order of fp32 sums."""
     require_sm90_backward()
-    pairs = [(hd, name) for hd, name in SM90_BWD_BUILT if hd in SM90_BWD_WS_HEAD_DIMS]
-    if not pairs:
-        pytest.skip(f"no warp-specialized backward in this build (sm90: {SM90_BWD_BUILT})")
-    for head_dim, name in pairs:
+    for head_dim, name in SM90_BWD_BUILT:
         q, k, v = rand_qkv(2, 4096, 4096, 16, 16, head_dim, DTYPES[name])
         dout = torch.randn_like(q)
         runs = []

@@ -210,7 +210,7 @@ auto find_sm80(const KernelRegistry& registry, Variant variant, Find find) {
 
 // Runs the backward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma path's where one is built, sm90_dispatch_allowed and its
-// kernels take params (sm90/tma_support.hpp's bwd_takes), else the sm80
+// kernels take params (sm90/tma_support.hpp's bwd_supports), else the sm80
 // path's (find_sm80). Needs params.workspace of bwd_workspace_bytes(params)
 // bytes.
 inline Status bwd(const BwdParams& p, cudaStream_t stream) {
@@ -218,7 +218,7 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
   if (ok != Status::kSuccess) return ok;
   const KernelRegistry& registry = KernelRegistry::instance();
   BwdLauncher launch = nullptr;
-  if (sm90_dispatch_allowed(registry) && sm90::bwd_takes(p)) {
+  if (sm90_dispatch_allowed(registry) && sm90::bwd_supports(p)) {
     launch = registry.find_bwd(Arch::kSm90, p.head_dim, p.dtype, variant_for(p));
   }
   auto find = [&](Variant variant, SmemBudget budget, bool sm90_code_only) {

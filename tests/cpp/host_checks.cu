@@ -363,8 +363,7 @@ void check_bwd_ldmatrix(const char* config, SQ const& sQ, SK const& sK, SP const
 }
 
 // kDqKernel: the tiles of the deterministic mode's dQ kernel, whose shared
-// memory is kSmemDqBytes; otherwise the main kernel's (kSmemBytes). The
-// SM90 (wgmma) traits have no ldmatrix partitions to check.
+// memory is kSmemDqBytes; otherwise the main kernel's (kSmemBytes).
 template <class Traits, bool kDqKernel = false>
 void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) {
   using Element = typename Traits::Element;
@@ -433,13 +432,7 @@ void check_bwd_config(const char* config, int smem_limit = kSmemLimitSm80Bytes) 
            return mma_dq.get_slice(t).partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
          }),
          config, "dQ accumulators cover the tile once");
-  if constexpr (Traits::kWgmma) {
-    // wgmma reads its operands through descriptors: no ldmatrix partitions,
-    // and the dropout kernels stay on the SM80 path.
-    check_bwd_dq_accum<Traits>(config);
-  } else {
-    check_bwd_ldmatrix<Traits, kDqKernel>(config, sQ, sK, sP, sQt, sKt, sPt);
-  }
+  check_bwd_ldmatrix<Traits, kDqKernel>(config, sQ, sK, sP, sQt, sKt, sPt);
 
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
   expect(word_stores_conflict_free(pds_buf.data(), [&](int t) { return copy_pds.get_slice(t).partition_D(sP); }),
@@ -772,21 +765,14 @@ void check_sm90_bwd_support() {
   expect(!flashtile::sm90::bwd_supports(q), config, "dout's head stride not a multiple of 16 bytes");
   q = p, q.nheads = 1, q.nheads_k = 1, q.q_head_stride = q.dout_head_stride = 0, q.k_head_stride = q.v_head_stride = 0;
   expect(flashtile::sm90::bwd_supports(q), config, "stride 0 on modes of extent 1");
-  // Which sm90 backward takes what: the warp-specialized kernel (d64, d128,
-  // d256) softcap and ALiBi too, d192's wgmma kernel plain attention only,
-  // neither dropout.
+  // Softcap and ALiBi run the sm90 backward (its scoremod variant), dropout
+  // the SM80 kernels.
   q = p, q.softcap = 30.f;
-  expect(flashtile::sm90::bwd_takes(q), config, "d128 softcap: the warp-specialized kernel");
+  expect(flashtile::sm90::bwd_supports(q), config, "softcap");
   q.alibi_slopes = &q.softcap;
-  expect(flashtile::sm90::bwd_takes(q), config, "d128 softcap and ALiBi: the warp-specialized kernel");
+  expect(flashtile::sm90::bwd_supports(q), config, "softcap and ALiBi");
   q.dropout_p = 0.1f;
-  expect(!flashtile::sm90::bwd_takes(q), config, "dropout: the SM80 kernels");
-  q = p, q.head_dim = 192;
-  expect(flashtile::sm90::bwd_takes(q), config, "d192 plain: its wgmma kernel");
-  q.softcap = 30.f;
-  expect(!flashtile::sm90::bwd_takes(q), config, "d192 softcap: the SM80 kernels");
-  q = p, q.head_dim = 128, q.dout_row_stride = 0;
-  expect(!flashtile::sm90::bwd_takes(q), config, "d128 with a stride TMA cannot step: the SM80 kernels");
+  expect(!flashtile::sm90::bwd_supports(q), config, "softcap, ALiBi and dropout");
 }
 
 // The warp-specialized backward's per-query-column values (LSE, D;
@@ -872,9 +858,6 @@ int main() {
   check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, false>>>("bwd d192");
   check_bwd_config<BwdTraits<192, cutlass::bfloat16_t, BwdConfig<192, true>>>("bwd d192 causal");
   check_bwd_config<BwdTraits<256, cutlass::bfloat16_t, BwdConfig<256, false>>>("bwd d256", kSmemLimitSm90Bytes);
-  using Sm90Bwd192 = flashtile::sm90::BwdTraitsFor<192, cutlass::bfloat16_t>;
-  check_bwd_config<Sm90Bwd192::type<false>>("bwd sm90 d192", kSmemLimitSm90Bytes);
-  check_bwd_config<Sm90Bwd192::type<true>>("bwd sm90 d192 causal", kSmemLimitSm90Bytes);
   using flashtile::sm80::BwdDqConfig;
   check_bwd_config<BwdTraits<32, cutlass::bfloat16_t, BwdDqConfig<32>>, true>("bwd dq-kernel d32");
   check_bwd_config<BwdTraits<64, cutlass::bfloat16_t, BwdDqConfig<64>>, true>("bwd dq-kernel d64");
@@ -909,7 +892,9 @@ int main() {
   check_varlen_layout();
   check_sm90_fwd_support();
   check_sm90_bwd_support();
+  check_bwd_ws_columns<32>("sm90 ws bwd d32 columns");
   check_bwd_ws_columns<64>("sm90 ws bwd d64 columns");
+  check_bwd_ws_columns<96>("sm90 ws bwd d96 columns");
   check_bwd_ws_columns<128>("sm90 ws bwd d128 columns");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<64, cutlass::bfloat16_t>>("sm90 fwd d64");
   check_sm90_fwd_config<flashtile::sm90::FwdTraits<128, cutlass::bfloat16_t>>("sm90 fwd d128");

@@ -37,7 +37,7 @@ CUTE_HOST_DEVICE BwdTileCoord bwd_tile_coord(int block, int blocks_per_head, int
   return {within / heads_here, first_head + within % heads_here};
 }
 
-// The main kernels' (this path's and sm90's) tile for grid task `task`, one
+// The main kernels' (sm80's and sm90's) tile for grid task `task`, one
 // key block of one K/V head: its CTA streams the Q, dO (2 bytes each) and
 // fp32 dQ accumulator rows of its K/V head's group of query heads.
 template <class Params>

@@ -1,11 +1,10 @@
-// The backward main kernel's walk (sm80/bwd_kernel.hpp, sm90/bwd_kernel.hpp and
-// sm90/bwd_ws_kernel.hpp):
-// the (query head, query block) pairs that see one CTA's key block, as one
+// The backward main kernel's walk (sm80/bwd_kernel.hpp and
+// sm90/bwd_ws_kernel.hpp): the (query head, query block) pairs that see one CTA's key block, as one
 // sequence of iterations, so a block's loads can be issued during the
 // previous one. First every head's blocks that need the mask (a prefix of
 // each head's blocks, BlockMask::m_block_mask_end; with a window's left edge
-// also a suffix, local only), then the rest. The mma.sync and sm90 main
-// kernels run each part in a loop of its own, so the mask-free one carries
+// also a suffix, local only), then the rest. The mma.sync main kernel
+// runs each part in a loop of its own, so the mask-free one carries
 // no mask code: with an `if` in one loop ptxas predicates the mask into ~300
 // instructions issued on every block (19 % of the loop's instructions at
 // d64, counted in the SASS). The warp-specialized kernel keeps one loop with

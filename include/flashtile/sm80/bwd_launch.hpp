@@ -42,42 +42,25 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
   return cudaPeekAtLastError();  // left set, so the caller can read the cause
 }
 
-// This path's main kernel for a launch of run_bwd_with: dQ by atomics or
-// not (the deterministic mode), fixed-length or varlen, with dropout's code
-// or without (the modified kernels only). A launcher of other main kernels
-// in this sequence (d192's wgmma kernel, sm90/bwd_launch.hpp) passes its
-// own struct of this form.
-struct Sm80MainKernel {
-  template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
-  static auto* for_launch(bool varlen, bool dropout) {
-    if constexpr (kScoreMod) {
-      if (dropout) {
-        return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, true>
-                      : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, false>;
-      }
+// The main kernel for a launch of run_bwd_with: dQ by atomics or not (the
+// deterministic mode), fixed-length or varlen, with dropout's code or
+// without (the modified kernels only).
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
+auto* dkdv_kernel_for(bool varlen, bool dropout) {
+  if constexpr (kScoreMod) {
+    if (dropout) {
+      return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, true>
+                    : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true, true, false>;
     }
-    return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
-                  : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
   }
-};
-
-// Launches a main kernel of run_bwd_with; the wgmma kernel takes no tail
-// split.
-template <class Traits, class Kernel>
-cudaError_t launch_dkdv(Kernel* kernel, dim3 grid, cudaStream_t stream, const BwdParams& params, float* dq_accum,
-                        const float* dsum, const BwdTailSplit& tail) {
-  if constexpr (Traits::kWgmma) {
-    return launch_with_smem<Traits::kSmemBytes>(kernel, grid, Traits::kNThreads, stream, params, dq_accum, dsum);
-  } else {
-    return launch_with_smem<Traits::kSmemBytes>(kernel, grid, Traits::kNThreads, stream, params, dq_accum, dsum,
-                                                tail);
-  }
+  return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, true>
+                : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, kScoreMod, false, false>;
 }
 
-// Only the plain SM80 main kernel without a mask splits its tail (on a
+// Only the plain main kernel without a mask splits its tail (on a
 // fixed-length batch, with dQ atomics): its CTAs are all alike.
 template <class Traits, MaskKind kMask, bool kScoreMod>
-constexpr bool kSplitsTail = !Traits::kWgmma && !Traits::kDqOwnKernel && kBwdTailSplittable<kMask, kScoreMod>;
+constexpr bool kSplitsTail = !Traits::kDqOwnKernel && kBwdTailSplittable<kMask, kScoreMod>;
 
 // The tail split of a launch of `tasks` key blocks.
 template <class Traits, MaskKind kMask, bool kScoreMod>
@@ -112,7 +95,7 @@ auto* dq_kernel_for(bool dropout) {
 // resolve_mask() makes of params' causal flag and window (else
 // kInvalidArgument). Returns kUnsupportedDevice, before any launch, when the
 // current GPU's shared memory per block is too small for the kernels.
-template <class Traits, class DqTraits, MaskKind kMask, bool kScoreMod = false, class MainKernel = Sm80MainKernel>
+template <class Traits, class DqTraits, MaskKind kMask, bool kScoreMod = false>
 Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -161,8 +144,9 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   const bool dropout = params.dropout_p > 0.f;
   if constexpr (!Traits::kDqOwnKernel) {
     if (!dq_by_kernel) {
-      auto* dkdv_kernel = MainKernel::template for_launch<Traits, kMask, true, kScoreMod>(varlen, dropout);
-      if (launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, ws.dq_accum, dsum, tail) != cudaSuccess) {
+      auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
+      if (launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params,
+                                               ws.dq_accum, dsum, tail) != cudaSuccess) {
         return Status::kCudaError;
       }
       const dim3 convert_grid(unsigned(ceil_div(params.seqlen_q, Traits::kBlockM) * params.nheads * params.batch));
@@ -177,9 +161,9 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   }
   // The main kernel without a dQ accumulator (that variant never touches
   // it), then the dQ kernel.
-  auto* dkdv_kernel = MainKernel::template for_launch<Traits, kMask, false, kScoreMod>(varlen, dropout);
-  cudaError_t err = launch_dkdv<Traits>(dkdv_kernel, dkdv_grid, stream, params, static_cast<float*>(nullptr), dsum,
-                                        tail);
+  auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, false, kScoreMod>(varlen, dropout);
+  cudaError_t err = launch_with_smem<Traits::kSmemBytes>(dkdv_kernel, dkdv_grid, Traits::kNThreads, stream, params,
+                                                         static_cast<float*>(nullptr), dsum, tail);
   if (err != cudaSuccess) return Status::kCudaError;
   const dim3 dq_grid(unsigned(ceil_div(params.seqlen_q, DqTraits::kBlockM) * params.nheads * params.batch));
   auto* dq_kernel = dq_kernel_for<DqTraits, kMask, kScoreMod>(dropout);
@@ -216,16 +200,16 @@ constexpr SmemBudget bwd_smem_needed() {
 
 // run_bwd_with for the mask that params ask for, with MainTraits<kIsCausal>
 // (as BwdTraitsFor) for the main kernel.
-template <template <bool> class MainTraits, class DqTraits, bool kScoreMod, class MainKernel = Sm80MainKernel>
+template <template <bool> class MainTraits, class DqTraits, bool kScoreMod>
 Status run_bwd_for_mask(const BwdParams& params, cudaStream_t stream) {
   int window_left = params.window_left, window_right = params.window_right;
   switch (resolve_mask(params.causal, window_left, window_right)) {
     case MaskKind::kNone:
-      return run_bwd_with<MainTraits<false>, DqTraits, MaskKind::kNone, kScoreMod, MainKernel>(params, stream);
+      return run_bwd_with<MainTraits<false>, DqTraits, MaskKind::kNone, kScoreMod>(params, stream);
     case MaskKind::kCausal:
-      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kCausal, kScoreMod, MainKernel>(params, stream);
+      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kCausal, kScoreMod>(params, stream);
     default:
-      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kLocal, kScoreMod, MainKernel>(params, stream);
+      return run_bwd_with<MainTraits<true>, DqTraits, MaskKind::kLocal, kScoreMod>(params, stream);
   }
 }
 

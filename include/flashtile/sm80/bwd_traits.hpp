@@ -226,7 +226,6 @@ struct BwdTraits {
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kNWarps = Config::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
-  static constexpr bool kWgmma = false;  // mma.sync products (sm90/bwd_traits.hpp: wgmma)
   static_assert(kHeadDim % 32 == 0 && kBlockN % 32 == 0, "swizzle atoms tile whole rows (common/smem_layout.hpp)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,

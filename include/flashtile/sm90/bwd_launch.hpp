@@ -1,15 +1,12 @@
-// Host entry point of the SM90 backward. Head dims 32, 64, 96, 128 and 256 run the
-// warp-specialized kernel (sm90/bwd_ws_kernel.hpp) on tensors TMA can
-// describe (bwd_supports; flashtile::bwd sends the others to the SM80
-// kernels, sm90/tma_support.hpp's bwd_takes): rowsum, that kernel, dQ's
-// conversion (in the deterministic mode too: its key blocks add dQ in
-// turns). d32 to d128 keep a key block's dK and dV in one warpgroup's
-// registers (sm90/bwd_ws_traits.hpp); d256 splits them by head dim and
-// stages P and dS in shared memory (sm90/bwd_ws_staged_traits.hpp). Other
-// head dims run the SM80 launcher's sequence (sm80/bwd_launch.hpp) with the
-// wgmma main kernel of sm90/bwd_kernel.hpp, plain attention only. Softcap
-// and ALiBi run the warp-specialized kernel's kScoreMod instantiations;
-// dropout the SM80 kernels.
+// Host entry point of the SM90 backward: the warp-specialized kernel
+// (sm90/bwd_ws_kernel.hpp) on tensors TMA can describe (bwd_supports;
+// flashtile::bwd sends the others to the SM80 kernels, sm90/tma_support.hpp):
+// rowsum, that kernel, dQ's conversion (in the deterministic
+// mode too: its key blocks add dQ in turns). d32 to d128 keep a key block's
+// dK and dV in one warpgroup's registers (sm90/bwd_ws_traits.hpp); d192 and
+// d256 split them by head dim and stage P and dS in shared memory
+// (sm90/bwd_ws_staged_traits.hpp). Softcap and ALiBi run the kernel's
+// kScoreMod instantiations; dropout the SM80 kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,9 +17,6 @@
 #include "flashtile/common/device.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/sm80/bwd_launch.hpp"
-#include "flashtile/sm90/bwd_kernel.hpp"
-#include "flashtile/sm90/bwd_traits.hpp"
 #include "flashtile/sm90/bwd_ws_kernel.hpp"
 #include "flashtile/sm90/bwd_ws_staged_traits.hpp"
 #include "flashtile/sm90/bwd_ws_traits.hpp"
@@ -33,25 +27,9 @@
 
 namespace flashtile::sm90 {
 
-// d192's wgmma main kernel (bwd_kernel.hpp), as the SM80 launch sequence
-// takes its main kernel (sm80::Sm80MainKernel's form).
-struct WgmmaMainKernel {
-  template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
-  static auto* for_launch(bool varlen, bool /*dropout*/) {
-    static_assert(!kScoreMod, "the wgmma kernel is plain attention only");
-    return varlen ? &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, true>
-                  : &bwd_dkdv_kernel<Traits, kMask, kAccumulateDq, false>;
-  }
-};
-
-template <int kHeadDim, class Element>
-struct BwdTraitsFor {
-  template <bool kIsCausal>
-  using type = BwdTraits<kHeadDim, Element, BwdConfig<kHeadDim, kIsCausal>>;
-};
-
-// The warp-specialized kernel's tiles per head dim (bwd_warp_specialized,
-// sm90/tma_support.hpp, says which head dims it takes).
+// The kernel's tiles per head dim: dK and dV in registers up to d128, P
+// and dS staged above (the traits' static_asserts say which head dims each
+// takes: multiples of 32 up to 128; 192 and 256).
 template <int kHeadDim, class Element>
 using BwdWsTraitsFor =
     std::conditional_t<(kHeadDim > 128), BwdWsStagedTraits<kHeadDim, Element>, BwdWsTraits<kHeadDim, Element>>;
@@ -96,29 +74,21 @@ Status run_bwd_ws(const BwdParams& params, cudaStream_t stream) {
 // Entry point a generated kernels/bwd_sm90_*.cu file instantiates and
 // registers. Assumes can_implement_bwd(params) passed. Returns
 // kUnsupportedDevice, before any launch, on a GPU other than compute
-// capability 9.0, and kInvalidArgument for params bwd_takes refuses
-// (sm90/tma_support.hpp: dropout; softcap or ALiBi without kScoreMod, or at
-// a head dim without the warp-specialized kernel; there, strides TMA cannot
-// step).
+// capability 9.0, and kInvalidArgument for params bwd_supports refuses
+// (sm90/tma_support.hpp: dropout, strides TMA cannot step) and for softcap
+// or ALiBi without kScoreMod.
 template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_bwd(const BwdParams& params, cudaStream_t stream) {
-  static_assert(!kScoreMod || bwd_warp_specialized(kHeadDim), "softcap and ALiBi: the warp-specialized kernel only");
   if (!device_is_sm90()) return Status::kUnsupportedDevice;
-  if (!bwd_takes(params) || (!kScoreMod && uses_score_mod(params))) return Status::kInvalidArgument;
-  if constexpr (bwd_warp_specialized(kHeadDim)) {
-    BwdParams p = params;  // with causal folded into the window
-    switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
-      case MaskKind::kNone:
-        return run_bwd_ws<kHeadDim, Element, MaskKind::kNone, kScoreMod>(p, stream);
-      case MaskKind::kCausal:
-        return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal, kScoreMod>(p, stream);
-      default:
-        return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal, kScoreMod>(p, stream);
-    }
-  } else {
-    return sm80::run_bwd_for_mask<BwdTraitsFor<kHeadDim, Element>::template type,
-                                  sm80::BwdTraits<kHeadDim, Element, sm80::BwdDqConfig<kHeadDim>>, false,
-                                  WgmmaMainKernel>(params, stream);
+  if (!bwd_supports(params) || (!kScoreMod && uses_score_mod(params))) return Status::kInvalidArgument;
+  BwdParams p = params;  // with causal folded into the window
+  switch (resolve_mask(p.causal, p.window_left, p.window_right)) {
+    case MaskKind::kNone:
+      return run_bwd_ws<kHeadDim, Element, MaskKind::kNone, kScoreMod>(p, stream);
+    case MaskKind::kCausal:
+      return run_bwd_ws<kHeadDim, Element, MaskKind::kCausal, kScoreMod>(p, stream);
+    default:
+      return run_bwd_ws<kHeadDim, Element, MaskKind::kLocal, kScoreMod>(p, stream);
   }
 }
 

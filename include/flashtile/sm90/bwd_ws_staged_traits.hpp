@@ -1,19 +1,22 @@
 // Tile configuration of the warp-specialized SM90 backward at head dims
-// whose dK and dV do not fit one warpgroup's registers for 64 keys (d256:
-// 64 × 256 fp32 each, 128 registers a thread apiece). The CTA owns
-// kBlockN = 64 keys; its two consumer warpgroups split the head dim of dK,
-// dV and dQ (128 columns each) and the keys of S and dP (32 each). Per
+// whose dK and dV do not fit one warpgroup's registers for 64 keys (d192
+// and d256: at d256 64 × 256 fp32 each, 128 registers a thread apiece).
+// The CTA owns kBlockN = 64 keys; its two consumer warpgroups split the
+// head dim of dK, dV and dQ (96 or 128 columns each) and the keys of S and
+// dP (32 each). Per
 // query block of kBlockM = 64 rows, warpgroup w computes
 //   S   = Q·K_wᵀ,  dP = dO·V_wᵀ         (64 × 32)    SS, both K-major
 // P and dS of its 32 keys, and stages them (16-bit) in shared memory; once
 // both warpgroups have staged theirs, on its head-dim half h_w:
-//   dV_w += Pᵀ·dO_h,  dK_w += dSᵀ·Q_h    (64 × 128)   SS, both MN-major
-//   dQ_w  = dS·K_hᵀ                       (64 × 128)   SS, A K-major, B MN-major
-// dK_w and dV_w stay in registers (64 fp32 each); dQ_w (64) is added into
-// the fp32 accumulator from registers as in the 64/128 kernel.
+//   dV_w += Pᵀ·dO_h,  dK_w += dSᵀ·Q_h    (64 × kHeadDim / 2)   SS, both MN-major
+//   dQ_w  = dS·K_hᵀ                       (64 × kHeadDim / 2)   SS, A K-major, B MN-major
+// dK_w and dV_w stay in registers (64 fp32 each at d256); dQ_w is added
+// into the fp32 accumulator from registers as in the 32-128 kernel.
 // FlashAttention-3 and -4 also stage P and dS at d256 (64 × 80 and 64 × 48
-// tiles, hdim on the dK/dV product's M); with 64 keys the keys stay on M
-// and every operand is a whole 128-byte swizzle atom.
+// tiles, hdim on the dK/dV product's M); with 64 keys the keys stay on M.
+// Q, dO and K are read in head-dim halves (the B operands Q_h, dO_h, K_hᵀ),
+// so their swizzle atoms divide kHeadDim / 2: 128-byte at d256, 64-byte at
+// d192 (96 columns a half); V, read whole, keeps 128-byte ones.
 //
 // The producer warpgroup, its loader warp and the stage ring are those of
 // sm90/bwd_ws_traits.hpp (same SharedStorage names, plus P's buffers).
@@ -31,6 +34,7 @@
 #include <type_traits>
 
 #include "flashtile/common/smem_layout.hpp"
+#include "flashtile/sm90/smem_atoms.hpp"
 
 namespace flashtile::sm90 {
 
@@ -48,8 +52,8 @@ struct BwdWsStagedTraits {
   static constexpr int kMmaWarpgroups = 2;
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kNThreads = 128 + kMmaThreads;
-  static_assert(kHeadDim % (64 * kMmaWarpgroups) == 0, "each warpgroup's head-dim half is whole 128-byte atoms");
   static constexpr int kHalfDim = kHeadDim / kMmaWarpgroups;
+  static_assert(kHalfDim % 32 == 0, "each warpgroup's head-dim half is whole 64- or 128-byte atoms");
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
   static constexpr int kLaunchRegisters = 65536 / kNThreads / 8 * 8;
@@ -75,17 +79,15 @@ struct BwdWsStagedTraits {
                            GMMA::Major::MN>(),
       SplitN{}));  // (kBlockM, kHeadDim) over kBlockN
 
-  template <int kRows, int kCols>
-  using SmemLayoutTile =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kRows>, Int<kCols>>{}));
-  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;   // Q, dO: (kBlockM, kHeadDim), one stage
-  using SmemLayoutKV = SmemLayoutTile<kBlockN, kHeadDim>;  // K, V: (kBlockN, kHeadDim)
-  using SmemLayoutK = SmemLayoutKV;
-  using SmemLayoutV = SmemLayoutKV;
-  using SmemLayoutdQ = SmemLayoutQ;  // bwd_convert_dq_kernel's stage
+  template <int kRows, int kCols, int kAtomCols = kCols>
+  using SmemLayoutTile = decltype(tile_to_shape(GmmaAtomK<Element, kAtomCols>{}, Shape<Int<kRows>, Int<kCols>>{}));
+  using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim, kHalfDim>;  // Q, dO: (kBlockM, kHeadDim), one stage
+  using SmemLayoutK = SmemLayoutTile<kBlockN, kHeadDim, kHalfDim>;  // (kBlockN, kHeadDim)
+  using SmemLayoutV = SmemLayoutTile<kBlockN, kHeadDim>;            // (kBlockN, kHeadDim)
+  using SmemLayoutdQ = SmemLayoutQ;  // bwd_convert_dq_kernel's stage, written in head-dim halves
   using SmemLayoutPdS = SmemLayoutTile<kBlockM, kBlockN>;  // P, dS: (kBlockM, kBlockN)
   using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;     // (kHeadDim, kBlockM)
-  using SmemLayoutKt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;    // (kHeadDim, kBlockN)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutK, kBlockN, kHeadDim>;     // (kHeadDim, kBlockN)
   using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;  // (kBlockN, kBlockM)
   // P and dS from the accumulator's registers by stmatrix.
   using SmemCopyAtomPdS = Copy_Atom<SM90_U32x4_STSM_N, Element>;
@@ -94,8 +96,8 @@ struct BwdWsStagedTraits {
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
 
   struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, kStages * cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, kStages * cosize_v<SmemLayoutQ>> dout;
     // P and dS double-buffered: a warpgroup stages block i's while the
@@ -111,8 +113,8 @@ struct BwdWsStagedTraits {
     uint64_t barrier_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  // K, V 64 KB, two Q + dO stages 128 KB, P and dS twice 32 KB: a third
-  // stage does not fit.
+  // d256: K, V 64 KB, two Q + dO stages 128 KB, P and dS twice 32 KB: a
+  // third stage does not fit (d192: 176 KB in all).
   static_assert(kSmemBytes <= 227 * 1024, "sm90 gives a block at most 227 KB of shared memory");
 };
 

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "flashtile/common/smem_layout.hpp"
+#include "flashtile/sm90/smem_atoms.hpp"
 
 namespace flashtile::sm90 {
 
@@ -111,12 +112,8 @@ struct BwdWsTraits {
   // dQ's MN-major B operand, whose N (a warpgroup's columns of dQ) must be
   // whole atoms: K's atom divides kDqCols (d96's warpgroups take 48 columns
   // each: 32-byte atoms for K alone).
-  template <int kCols>
-  using AtomFor = std::conditional_t<
-      kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-      std::conditional_t<kCols % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
   template <int kRows, int kCols, int kAtomCols = kCols>
-  using SmemLayoutTile = decltype(tile_to_shape(AtomFor<kAtomCols>{}, Shape<Int<kRows>, Int<kCols>>{}));
+  using SmemLayoutTile = decltype(tile_to_shape(GmmaAtomK<Element, kAtomCols>{}, Shape<Int<kRows>, Int<kCols>>{}));
   using SmemLayoutQ = SmemLayoutTile<kBlockM, kHeadDim>;           // Q, dO: (kBlockM, kHeadDim), one stage
   using SmemLayoutK = SmemLayoutTile<kBlockN, kHeadDim, kDqCols>;  // (kBlockN, kHeadDim)
   using SmemLayoutV = SmemLayoutTile<kBlockN, kHeadDim>;           // (kBlockN, kHeadDim)

@@ -18,6 +18,8 @@
 
 #include <type_traits>
 
+#include "flashtile/sm90/smem_atoms.hpp"
+
 namespace flashtile::sm90 {
 
 using namespace cute;
@@ -139,13 +141,9 @@ struct FwdTraits {
 
   // The widest swizzle whose atom row the contiguous extent holds whole.
   template <int kContiguous>
-  using AtomK = std::conditional_t<kContiguous % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-                                   std::conditional_t<kContiguous % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
-                                                      GMMA::Layout_K_SW32_Atom<Element>>>;
+  using AtomK = GmmaAtomK<Element, kContiguous>;
   template <int kContiguous>
-  using AtomMN = std::conditional_t<kContiguous % 64 == 0, GMMA::Layout_MN_SW128_Atom<Element>,
-                                    std::conditional_t<kContiguous % 32 == 0, GMMA::Layout_MN_SW64_Atom<Element>,
-                                                       GMMA::Layout_MN_SW32_Atom<Element>>>;
+  using AtomMN = GmmaAtomMN<Element, kContiguous>;
   using SmemLayoutQ = decltype(tile_to_shape(AtomK<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK =
       decltype(tile_to_shape(AtomK<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));

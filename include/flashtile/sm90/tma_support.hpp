@@ -49,28 +49,14 @@ inline bool fwd_supports(const FwdParams& p) {
   return p.dropout_p == 0.f && p.attn_probs == nullptr && tma_qkv_ok(p);
 }
 
-// The warp-specialized backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k
-// and v through TMA; the other tensors with plain loads and stores.
+// The sm90 backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k and v
+// through TMA, the other tensors with plain loads and stores; dropout runs
+// the SM80 kernels, which flashtile::bwd also sends the other strides to.
 inline bool bwd_supports(const BwdParams& p) {
   const bool varlen = is_varlen(p);
   return p.dropout_p == 0.f && tma_qkv_ok(p) &&
          tma_tensor_ok(p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, varlen ? p.total_q : p.seqlen_q,
                        p.nheads, varlen ? 1 : p.batch);
-}
-
-// The head dims whose sm90 backward is the warp-specialized kernel alone.
-constexpr bool bwd_warp_specialized(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
-}
-
-// The sm90 backward built for p's head dim takes p: no dropout; at the
-// warp-specialized head dims tensors TMA can step (softcap and ALiBi too,
-// in the kernels of the scoremod variant); d192's wgmma kernel (which loads
-// with cp.async) plain attention at any strides. Otherwise flashtile::bwd
-// runs the SM80 kernels, which take everything.
-inline bool bwd_takes(const BwdParams& p) {
-  if (bwd_warp_specialized(p.head_dim)) return bwd_supports(p);
-  return !uses_score_mod(p);
 }
 
 }  // namespace flashtile::sm90
