@@ -25,6 +25,7 @@
 #include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
+#include "flashtile/sm80/bwd_launch.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
