@@ -73,7 +73,7 @@ def require_sm90(direction):
 def require_sm80_plain_here(direction, head_dim):
     """Skip where this GPU cannot run the sm80 plain kernels of direction and
     head_dim: an H100/H200 with a build that compiled them for its other
-    archs only or, with 90a alone, left them out (FLASHTILE_SM80_PLAIN_ON_SM90;
+    archs only or, with 90a alone, left them out (FLASHTILE_SM80_ON_SM90;
     the scoremod ones run in their place)."""
     import pytest
 
@@ -84,7 +84,7 @@ def require_sm80_plain_here(direction, head_dim):
     here = keys(_C.built_kernels()) - keys(_C.kernels_without_sm90_code())
     if (direction, head_dim) not in here:
         pytest.skip(f"the sm80 plain {direction} of d{head_dim} is not built for sm90 here "
-                    "(FLASHTILE_SM80_PLAIN_ON_SM90=ON builds it)")
+                    "(FLASHTILE_SM80_ON_SM90=ON builds it)")
 
 
 def require_short_fwd_tile():

@@ -15,12 +15,12 @@
 #include <initializer_list>
 #include <limits>
 
+#include "flashtile/common/device.hpp"
 #include "flashtile/head_dims.hpp"
 #include "flashtile/kvcache.hpp"
 #include "flashtile/layout_checks.hpp"
 #include "flashtile/params.hpp"
 #include "flashtile/registry.hpp"
-#include "flashtile/sm90/device.hpp"
 #include "flashtile/sm90/tma_support.hpp"
 #include "flashtile/smem_budget.hpp"
 #include "flashtile/status.hpp"
@@ -180,7 +180,7 @@ inline SmemBudget dispatch_smem_budget(const KernelRegistry& registry) {
 // the registry's limits allow them (registry.hpp) and the device is sm90.
 inline bool sm90_dispatch_allowed(const KernelRegistry& registry) {
   return registry.arch_allowed(Arch::kSm90) && registry.smem_limit() == SmemBudget::k227KB &&
-         sm90::device_is_sm90();
+         device_is_sm90();
 }
 
 // No launcher within the GPU's budget: kUnsupportedDevice when the build has
@@ -200,7 +200,7 @@ inline Status not_found(bool built_for_larger_budget) {
 // compilation of the kernels' compute_80 PTX, as before.
 template <class Find>
 auto find_sm80(const KernelRegistry& registry, Variant variant, Find find) {
-  const bool on_sm90 = sm90::device_is_sm90();
+  const bool on_sm90 = device_is_sm90();
   const SmemBudget budget = dispatch_smem_budget(registry);
   auto launch = find(variant, budget, on_sm90);
   if (!launch && on_sm90 && variant == Variant::kPlain) launch = find(Variant::kScoreMod, budget, true);

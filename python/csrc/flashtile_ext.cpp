@@ -734,6 +734,6 @@ NB_MODULE(_C, m) {
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
   m.def("kernels_without_sm90_code", &kernels_without_sm90_code,
         "The built_kernels() entries compiled without code for compute capability 9.0: the sm80 plain "
-        "kernels that the wgmma kernels replace, in a build with 90a (FLASHTILE_SM80_PLAIN_ON_SM90). "
+        "kernels that the wgmma kernels replace, in a build with 90a (FLASHTILE_SM80_ON_SM90). "
         "An H100/H200 runs the sm80 scoremod kernels in their place.");
 }

@@ -9,6 +9,16 @@
 
 namespace flashtile {
 
+// True on compute capability 9.0 (H100, H200), the only one that runs
+// sm90a code (wgmma); false elsewhere and when the device cannot be queried.
+inline bool device_is_sm90() {
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 // kSuccess when the current device offers `bytes` of shared memory per block
 // (opt-in): sm90 227 KB, sm80 163 KB, sm86/sm89/sm120 99 KB. Otherwise
 // kUnsupportedDevice, or kCudaError when the device cannot be queried.

@@ -28,15 +28,16 @@
 #include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/bwd_kernels_on_sm90.hpp"
 #include "flashtile/sm80/gemm.hpp"
 
 namespace flashtile::sm80 {
 
 using namespace cute;
 
+// One CTA's query block (bwd_dq_kernel below).
 template <class Traits, MaskKind kMask, bool kScoreMod, bool kDropout>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
-    bwd_dq_kernel(const __grid_constant__ BwdParams params, const float* dsum) {
+CUTE_DEVICE void bwd_dq_block(const BwdParams& params, const float* dsum) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -200,6 +201,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   cp_async_wait<0>();  // with no key block to visit, the Q block's loads are still in flight
   __syncthreads();      // every warp is past the last product that reads sQ, the stage
   store_tile_staged<Traits>(mma_dq, acc_dq, sQ, gdQ, q_rows_valid, params.softmax_scale, tid);
+}
+
+// The kernel; a compile for 9.0 builds only some of them
+// (sm80/bwd_kernels_on_sm90.hpp) and traps in the others.
+template <class Traits, MaskKind kMask, bool kScoreMod, bool kDropout>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_dq_kernel(const __grid_constant__ BwdParams params, const float* dsum) {
+  if constexpr (bwd_kernel_built_here<kScoreMod, kDropout>()) {
+    bwd_dq_block<Traits, kMask, kScoreMod, kDropout>(params, dsum);
+  } else {
+    __trap();
+  }
 }
 
 }  // namespace flashtile::sm80

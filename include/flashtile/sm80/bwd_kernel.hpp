@@ -46,6 +46,7 @@
 #include "flashtile/common/score_mod.hpp"
 #include "flashtile/common/seqlen.hpp"
 #include "flashtile/params.hpp"
+#include "flashtile/sm80/bwd_kernels_on_sm90.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/gemm.hpp"
 #include "flashtile/workspace.hpp"
@@ -54,13 +55,13 @@ namespace flashtile::sm80 {
 
 using namespace cute;
 
+// One CTA's key block (bwd_dkdv_kernel below).
 // kScoreMod: softcap and ALiBi; kDropout (only with kScoreMod): dropout too.
 // Dropout has kernels of its own because its code, even when off, made the
 // softcap/ALiBi backward 7–10 % slower (benchmarks/NOTES.md, "Dropout").
 template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod, bool kDropout, bool kVarlen>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
-    bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum,
-                    const BwdTailSplit tail) {
+CUTE_DEVICE void bwd_dkdv_block(const BwdParams& params, float* dq_accum, const float* dsum,
+                                const BwdTailSplit& tail) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -390,6 +391,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   __syncthreads();
   store_tile_staged<Traits>(mma_dkv, acc_dk, sK, gdK, kv_rows_out, params.softmax_scale, tid);
   store_tile_staged<Traits>(mma_dkv, acc_dv, sV, gdV, kv_rows_out, 1.f, tid);
+}
+
+// The kernel; a compile for 9.0 builds only some of them
+// (sm80/bwd_kernels_on_sm90.hpp) and traps in the others.
+template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod, bool kDropout, bool kVarlen>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_dkdv_kernel(const __grid_constant__ BwdParams params, float* dq_accum, const float* dsum,
+                    const BwdTailSplit tail) {
+  if constexpr (bwd_kernel_built_here<kScoreMod, kDropout>()) {
+    bwd_dkdv_block<Traits, kMask, kAccumulateDq, kScoreMod, kDropout, kVarlen>(params, dq_accum, dsum, tail);
+  } else {
+    __trap();
+  }
 }
 
 }  // namespace flashtile::sm80

@@ -21,6 +21,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/sm80/bwd_dq_kernel.hpp"
 #include "flashtile/sm80/bwd_kernel.hpp"
+#include "flashtile/sm80/bwd_kernels_on_sm90.hpp"
 #include "flashtile/sm80/bwd_tail_split.hpp"
 #include "flashtile/sm80/bwd_traits.hpp"
 #include "flashtile/smem_budget.hpp"
@@ -44,7 +45,7 @@ cudaError_t launch_with_smem(Kernel* kernel, dim3 grid, int threads, cudaStream_
 
 // The main kernel for a launch of run_bwd_with: dQ by atomics or not (the
 // deterministic mode), fixed-length or varlen, with dropout's code or
-// without (the modified kernels only).
+// without (the modified kernels only; bwd_runs_dropout_kernels).
 template <class Traits, MaskKind kMask, bool kAccumulateDq, bool kScoreMod>
 auto* dkdv_kernel_for(bool varlen, bool dropout) {
   if constexpr (kScoreMod) {
@@ -141,7 +142,7 @@ Status run_bwd_with(const BwdParams& params_in, cudaStream_t stream) {
   // the main kernel (common/seqlen.hpp says why); the dQ and convert kernels
   // decide at run time.
   const bool varlen = is_varlen(params);
-  const bool dropout = params.dropout_p > 0.f;
+  const bool dropout = kScoreMod && bwd_runs_dropout_kernels(params);  // sm80/bwd_kernels_on_sm90.hpp
   if constexpr (!Traits::kDqOwnKernel) {
     if (!dq_by_kernel) {
       auto* dkdv_kernel = dkdv_kernel_for<Traits, kMask, true, kScoreMod>(varlen, dropout);
