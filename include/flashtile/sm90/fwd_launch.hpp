@@ -21,7 +21,7 @@ namespace flashtile::sm90 {
 template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen, class ScoreModT>
 Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& score_mod, cudaStream_t stream) {
   constexpr bool uniform_tiles = kMask == MaskKind::kNone && !kVarlen;  // (tile_scheduler.hpp)
-  using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles>>;
+  using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles, kMask == MaskKind::kLocal>>;
   auto* kernel = &fwd_kernel<Traits, kMask, kVarlen, ScoreModT>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {

@@ -35,7 +35,8 @@ using namespace cute;
 // step: +6-9 % over 64 on the H200 (1k-16k), with no spill at 240
 // registers; the masked and varlen kernels keep 64 (80 spilled 4-100 bytes
 // more there).
-template <int kHeadDim, bool kUniform = false>
+// kLocal: the kernel for a sliding window (MaskKind::kLocal).
+template <int kHeadDim, bool kUniform = false, bool kLocal = false>
 struct FwdConfig {
   static constexpr bool kUniformTiles = kUniform;
   // At d64 three consumer warpgroups (192 rows) share each K/V block: the
@@ -45,7 +46,18 @@ struct FwdConfig {
   // +4 % causal from 4k, -7 % causal at 1k. (d32 keeps 128 rows: not
   // measured with 192.)
   static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 96 : kUniform ? 80 : 64;
+  // d64's window kernels take 96 keys a step: S then holds 48 registers a
+  // thread instead of 64, and at 160 registers a consumer they spill
+  // nothing (68-208 bytes at 128; ptxas, nvcc 13.0, sm_90a), and a window's
+  // edges waste a third less on masked keys. On the H200 (bf16, d64,
+  // benchmarks/NOTES.md): windows of 512 and 2048 keys +2-3 %; the causal
+  // kernels at 96 lost 1-5 % (1k-16k), so they keep 128 and their 36-88
+  // bytes of spills.
+  static constexpr int kBlockN = kHeadDim == 64 && kLocal ? 96
+                                 : kHeadDim <= 128       ? 128
+                                 : kHeadDim <= 192       ? 96
+                                 : kUniform              ? 80
+                                                         : 64;
   static constexpr int kStages = 2;
   // Registers a producer thread keeps beside two consumer warpgroups. The
   // tile walk from the device counter (every kernel but the uniform one)
