@@ -9,6 +9,9 @@ fp16 and bf16, no mask, causal and a window, seqlen_q above, equal to and
 below seqlen_k, GQA, softcap and ALiBi, the deterministic backward,
 variable-length batches, kept fractions within statistical bounds,
 torch.manual_seed reproducing a call, CUDA graph replays and torch.compile.
+On an H100/H200 the forward without return_attn_probs runs the wgmma
+kernels (their dropout is checked against the documented mask directly);
+with it, and in the backward, the sm80 ones.
 """
 
 import math
@@ -20,7 +23,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import flashtile
+from flashtile.compat import flash_attn_interface as fai
 from flashtile.interface import _dropout_seed
+from kernel_names import cuda_kernel_names, require_sm90, sm90_built
 from reference import (assert_close_fa_rule, attention_ref, attention_ref_backward, causal_mask,
                        dropout_keep_mask, dropout_keep_probability)
 # Dropout runs the scoremod kernels: the same build check, inputs and slack.
@@ -93,6 +98,98 @@ def test_dropout_against_the_reference_with_the_kernels_mask(dtype_name, mask, s
     require_built(64, dtype_name)
     q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 4, 2, 64, DTYPES[dtype_name])
     run_and_check(q, k, v, 0.17, **MASKS[mask])
+
+
+def check_wgmma_forward_with_dropout(q, k, v, dropout_p, cu_seqlens=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None):
+    """The forward through flash_attn's low-level entry (no S_dmask, so the
+    wgmma kernel takes it) and the backward with its rng_state, against the
+    reference with the documented keep mask of the seed in rng_state.
+    q, k, v: (batch, seqlen, heads, d), or with cu_seqlens = (cu_q, cu_k)
+    their rows packed, as flash_attn_varlen_func takes them."""
+    q, k, v = (t.detach() for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5
+    mask = dict(causal=causal, window_size_left=window_size[0], window_size_right=window_size[1],
+                softcap=softcap, alibi_slopes=alibi_slopes)
+    if cu_seqlens is None:
+        sequences = [(b, slice(None), slice(None)) for b in range(q.shape[0])]
+        run = lambda: fai._flash_attn_forward(q, k, v, dropout_p, scale, **mask)
+    else:
+        cu_q, cu_k = cu_seqlens
+        sequences = [(b, slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1])))
+                     for b in range(len(cu_q) - 1)]
+        max_q, max_k = int((cu_q[1:] - cu_q[:-1]).max()), int((cu_k[1:] - cu_k[:-1]).max())
+        run = lambda: fai._flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, scale, **mask)
+    (out, lse, s_dmask, rng_state), names = cuda_kernel_names(run)
+    assert s_dmask is None
+    assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
+    dout = torch.randn_like(out)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    if cu_seqlens is None:
+        fai._flash_attn_backward(dout, q, k, v, out, lse, *grads, dropout_p, scale, causal, *window_size, softcap,
+                                 alibi_slopes, False, rng_state)
+    else:
+        fai._flash_attn_varlen_backward(dout, q, k, v, out, lse, *grads, cu_q, cu_k, max_q, max_k, dropout_p, scale,
+                                        causal, *window_size, softcap, alibi_slopes, False, rng_state)
+    nheads = q.shape[-2]
+    for b, rows_q, rows_k in sequences:
+        one = (lambda t, rows: t[b:b + 1]) if cu_seqlens is None else (lambda t, rows: t[rows].unsqueeze(0))
+        qb, kb, vb, db = one(q, rows_q), one(k, rows_k), one(v, rows_k), one(dout, rows_q)
+        lse_b = lse[b:b + 1] if cu_seqlens is None else lse[:, rows_q].unsqueeze(0)
+        if qb.shape[1] == 0:
+            continue
+        if kb.shape[1] == 0:  # no keys: out 0, lse -inf, dq 0 (the reference has no graph to differentiate)
+            assert torch.all(one(out, rows_q) == 0) and torch.all(lse_b == float("-inf"))
+            assert torch.all(one(grads[0], rows_q) == 0)
+            continue
+        keep = dropout_keep_mask(int(rng_state[0]), b, nheads, qb.shape[1], kb.shape[1], dropout_p, "cuda")
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b]
+        opts = dict(causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=slopes,
+                    dropout_p=dropout_p, dropout_keep=keep.unsqueeze(0))
+        ref_out, ref_lse = attention_ref(qb, kb, vb, **opts)
+        pt_out, pt_lse = attention_ref(qb, kb, vb, upcast=False, **opts)
+        assert_close_fa_rule(one(out, rows_q), ref_out, pt_out, f"out[{b}]")
+        assert_close_fa_rule(lse_b, ref_lse, pt_lse, f"lse[{b}]")
+        _, ref_grads = attention_ref_backward(qb, kb, vb, db, **opts)
+        _, pt_grads = attention_ref_backward(qb, kb, vb, db, upcast=False, **opts)
+        for name, got, rows, ref, pt in zip(("dq", "dk", "dv"), grads, (rows_q, rows_k, rows_k), ref_grads, pt_grads):
+            assert_close_fa_rule(one(got, rows), ref, pt, f"{name}[{b}]", atol=GRAD_ATOL)
+
+
+SM90_SCOREMOD_FWD_BUILT = sm90_built("fwd", "scoremod") if torch.cuda.get_device_capability() == (9, 0) else ()
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(203, 171), (64, 300)])
+def test_wgmma_forward_with_dropout(mask, seqlen_q, seqlen_k):
+    """Every head dim and dtype with a wgmma scoremod forward: dropout there
+    draws the documented mask (GQA, rows and keys not multiples of a tile)."""
+    require_sm90("fwd")
+    if not SM90_SCOREMOD_FWD_BUILT:
+        pytest.skip("this build has no sm90 scoremod forward (FLASHTILE_VARIANTS)")
+    for head_dim, name in SM90_SCOREMOD_FWD_BUILT:
+        q, k, v = rand_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, DTYPES[name])
+        check_wgmma_forward_with_dropout(q, k, v, 0.17, **MASKS[mask])
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_wgmma_forward_with_dropout_softcap_alibi_and_varlen(mask):
+    """Dropout beside softcap and ALiBi, on fixed-length and varlen batches
+    (an empty sequence, one with no keys, lengths off the tiles)."""
+    require_sm90("fwd")
+    if not SM90_SCOREMOD_FWD_BUILT:
+        pytest.skip("this build has no sm90 scoremod forward (FLASHTILE_VARIANTS)")
+    for head_dim, name in SM90_SCOREMOD_FWD_BUILT:
+        q, k, v = rand_qkv(2, 150, 130, 4, 4, head_dim, DTYPES[name])
+        slopes = torch.rand(2, 4, device="cuda") * 0.3
+        check_wgmma_forward_with_dropout(q, k, v, 0.25, softcap=2.0, alibi_slopes=slopes, **MASKS[mask])
+        lengths_q, lengths_k = [0, 37, 201, 5, 130], [17, 0, 190, 64, 260]
+        cu_q, cu_k = (torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+                      for lengths in (lengths_q, lengths_k))
+        q = torch.randn(sum(lengths_q), 4, head_dim, device="cuda", dtype=DTYPES[name])
+        k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=DTYPES[name])
+        v = torch.randn_like(k)
+        check_wgmma_forward_with_dropout(q, k, v, 0.3, cu_seqlens=(cu_q, cu_k), **MASKS[mask])
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)

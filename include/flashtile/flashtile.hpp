@@ -241,8 +241,8 @@ inline FwdParams with_broadcast_kv_as_one_head(FwdParams p) {
 
 // Runs the forward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma/TMA path's where one is built, sm90_dispatch_allowed and
-// its kernels take params (sm90/tma_support.hpp: no dropout, strides TMA can
-// step), else the sm80 path's (find_sm80).
+// its kernels take params (sm90/tma_support.hpp: no attn_probs, strides TMA
+// can step), else the sm80 path's (find_sm80).
 inline Status fwd(const FwdParams& params, cudaStream_t stream) {
   const Status ok = can_implement_fwd(params);
   if (ok != Status::kSuccess) return ok;

@@ -6,6 +6,8 @@
 // producer loading the next tile's Q, K and V while they finish the last.
 // ScoreModT modifies the scores: ScoreMod<false> not at all, ScoreMod<true>
 // by softcap and ALiBi, or a caller's modifier (common/score_mod.hpp).
+// kDropout: with params' dropout (common/dropout.hpp; ScoreMod<true> only,
+// sm90/fwd_launch.hpp).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -37,7 +39,7 @@ struct FwdKernelParams {
   typename FwdEpilogue<Traits>::Params epilogue;
 };
 
-template <class Traits, MaskKind kMask, bool kVarlen, class ScoreModT>
+template <class Traits, MaskKind kMask, bool kVarlen, class ScoreModT, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams<Traits, ScoreModT> params) {
   constexpr int kBlockM = Traits::kBlockM;
@@ -164,8 +166,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
       Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
       const ScoreModT score_mod = ScoreModT::make(params.score_mod, p, tile.seq, tile.head);
-      auto lse = Mainloop::template mma<kMask>(storage, pipeline_k, pipeline_v, read, tile, n_block_end, turns,
-                                               score_mod, acc_o, mma_tid);
+      auto lse = Mainloop::template mma<kMask, kDropout>(storage, pipeline_k, pipeline_v, read, tile, n_block_end,
+                                                         turns, score_mod, p, acc_o, mma_tid);
       Epilogue::store(params.epilogue, p, storage, tile, acc_o, lse, mma_tid);
     }
   }

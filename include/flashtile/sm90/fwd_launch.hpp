@@ -18,11 +18,11 @@
 
 namespace flashtile::sm90 {
 
-template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen, class ScoreModT>
+template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen, class ScoreModT, bool kDropout>
 Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& score_mod, cudaStream_t stream) {
   constexpr bool uniform_tiles = kMask == MaskKind::kNone && !kVarlen;  // (tile_scheduler.hpp)
-  using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles, kMask == MaskKind::kLocal>>;
-  auto* kernel = &fwd_kernel<Traits, kMask, kVarlen, ScoreModT>;
+  using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles, kMask == MaskKind::kLocal, kDropout>>;
+  auto* kernel = &fwd_kernel<Traits, kMask, kVarlen, ScoreModT, kDropout>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
     return Status::kCudaError;
@@ -40,29 +40,39 @@ Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& 
 }
 
 // The instantiation for params' mask kind and batch form (causal folded
-// into the window).
+// into the window), with dropout's code where dropout_p > 0 (ScoreMod<true>
+// only: FwdParams' modifiers are one variant). The softcap/ALiBi kernels
+// keep none of it: in them dropout's state and Philox rounds took d64's
+// spills (ptxas, nvcc 13.0, bf16) from 0-96 to 4-408 bytes and d256's
+// from 0-56 to 36-96.
 template <int kHeadDim, class Element, class ScoreModT>
 Status launch_fwd_for_mask(const FwdParams& params, typename ScoreModT::Arguments const& score_mod,
                            cudaStream_t stream) {
   FwdParams p = params;
   const MaskKind mask = resolve_mask(p.causal, p.window_left, p.window_right);
-  auto launch = [&](auto varlen) {
-    constexpr bool kVarlen = decltype(varlen)::value;
+  auto launch = [&](auto varlen, auto dropout) {
+    constexpr bool kVarlen = decltype(varlen)::value, kDropout = decltype(dropout)::value;
     switch (mask) {
       case MaskKind::kNone:
-        return launch_fwd<kHeadDim, Element, MaskKind::kNone, kVarlen, ScoreModT>(p, score_mod, stream);
+        return launch_fwd<kHeadDim, Element, MaskKind::kNone, kVarlen, ScoreModT, kDropout>(p, score_mod, stream);
       case MaskKind::kCausal:
-        return launch_fwd<kHeadDim, Element, MaskKind::kCausal, kVarlen, ScoreModT>(p, score_mod, stream);
+        return launch_fwd<kHeadDim, Element, MaskKind::kCausal, kVarlen, ScoreModT, kDropout>(p, score_mod, stream);
       default:
-        return launch_fwd<kHeadDim, Element, MaskKind::kLocal, kVarlen, ScoreModT>(p, score_mod, stream);
+        return launch_fwd<kHeadDim, Element, MaskKind::kLocal, kVarlen, ScoreModT, kDropout>(p, score_mod, stream);
     }
   };
-  return is_varlen(p) ? launch(std::true_type{}) : launch(std::false_type{});
+  auto launch_batch = [&](auto dropout) {
+    return is_varlen(p) ? launch(std::true_type{}, dropout) : launch(std::false_type{}, dropout);
+  };
+  if constexpr (std::is_same_v<ScoreModT, ScoreMod<true>>) {
+    if (p.dropout_p > 0.f) return launch_batch(std::true_type{});
+  }
+  return launch_batch(std::false_type{});
 }
 
 // Entry point a generated kernels/fwd_sm90_*.cu file instantiates and
 // registers: the plain variant, or with kScoreMod the one that applies
-// softcap and ALiBi. Assumes can_implement_fwd(params) passed and
+// softcap, ALiBi and dropout. Assumes can_implement_fwd(params) passed and
 // fwd_supports(params) (flashtile::fwd asks it before choosing this path).
 template <int kHeadDim, class Element, bool kScoreMod = false>
 Status run_fwd(const FwdParams& params, cudaStream_t stream) {

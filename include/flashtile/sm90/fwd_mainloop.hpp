@@ -12,8 +12,9 @@
 //               mask (tiles on a boundary only); the online softmax's
 //               exponentials
 //             once the product is done: release V's stage, rescale O,
-//               P_j = S_j converted in registers (at the end of the step,
-//               or at the start of the next: Traits::kRetireProductLate)
+//               P_j = S_j converted in registers, dropout's zeros set
+//               (at the end of the step, or at the start of the next:
+//               Traits::kRetireProductLate)
 //           then the last block's product, and return the row logsumexp.
 // Host-side, to_params() builds the three TMA descriptors from FwdParams
 // once per launch; they travel in the kernel's __grid_constant__ parameters.
@@ -26,6 +27,7 @@
 
 #include <cstdint>
 
+#include "flashtile/common/dropout.hpp"
 #include "flashtile/common/fragment.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/seqlen.hpp"
@@ -325,13 +327,15 @@ struct FwdMainloop {
   // logsumexps of the tile into acc_o and the returned fragment, over the
   // key blocks [tile.n_block_begin, n_block_end) (the warpgroup's: skip()
   // walked past the tile's others). score_mod: the tile's score modifier
-  // (common/score_mod.hpp), which also gives the softmax's scale. turns:
-  // the consumer warpgroups' turns at issuing their products (ping-pong).
-  template <MaskKind kMask, class SharedStorage, class Turns, class ScoreModT, class AccO>
+  // (common/score_mod.hpp), which also gives the softmax's scale. With
+  // kDropout, params' dropout (common/dropout.hpp) where dropout_p > 0.
+  // turns: the consumer warpgroups' turns at issuing their products
+  // (ping-pong).
+  template <MaskKind kMask, bool kDropout, class SharedStorage, class Turns, class ScoreModT, class AccO>
   CUTE_DEVICE static auto mma(SharedStorage& storage, typename Traits::PipelineKV& pipeline_k,
                               typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& read,
                               FwdTile<kMask, kBlockM, kBlockN> const& tile, int n_block_end, Turns const& turns,
-                              ScoreModT const& score_mod, AccO& acc_o, int mma_tid) {
+                              ScoreModT const& score_mod, FwdParams const& params, AccO& acc_o, int mma_tid) {
     using ShapeS = Shape<Int<kBlockM>, Int<kBlockN>>;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, kHeadDim)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, kHeadDim, kStages)
@@ -356,7 +360,26 @@ struct FwdMainloop {
     // P of the block before, as the A operand of O += P·V: ((2, 2, 2), MMA_M, MMA_N)
     Tensor tOrP = make_tensor<Element>(acc_to_rs_operand_a_layout(
         partition_fragment_C(tiled_mma_qk, ShapeS{}).layout()));
-    auto set_probabilities = [&](auto const& acc_s) { convert_fragment_into(acc_s, tOrP); };
+    // P of key block n_block from its probabilities acc_s; with dropout on,
+    // the dropped ones zeroed after the row sums took them (they are of the
+    // undropped P; the kept ones' 1 / (1 − p) joins O's normalization).
+    // The dropout state is made here from params (the seed is one cached
+    // load per block): held through the loop, it added up to 28 bytes to
+    // d128's spills (ptxas, nvcc 13.0, bf16), made here up to 12. Two
+    // Philox rounds per loop iteration, as in the backward: 4-8 bytes less
+    // than ten.
+    auto set_probabilities = [&](auto const& acc_s, int n_block) {
+      convert_fragment_into(acc_s, tOrP);
+      if constexpr (kDropout) {
+        const Dropout<true> dropout(params, tile.seq.batch);
+        if (dropout.enabled()) {
+          Tensor tOrP_atoms = make_tensor(tOrP.data(), acc_to_m16n8_atoms_layout(acc_s.layout()));
+          Tensor tScS_atoms = make_tensor(tScS.data(), acc_to_m16n8_atoms_layout(tScS.layout()));
+          dropout.zero_dropped(tOrP_atoms, dropout.template keep_bits<2>(tScS_atoms, tile.row_begin(),
+                                                                         n_block * kBlockN, tile.head));
+        }
+      }
+    };
     // The scores of key block n_block as the softmax takes them: modified
     // (every block), then masked (masked blocks on a boundary only).
     auto modify_and_mask = [&](auto& acc_s, int n_block, auto masked) {
@@ -382,7 +405,7 @@ struct FwdMainloop {
       modify_and_mask(acc_s, n_block, cute::true_type{});
       Tensor scores = rowcol_view(acc_s);  // (rows, block cols)
       softmax.to_probabilities(scores);   // O is zero: nothing to rescale
-      set_probabilities(acc_s);
+      set_probabilities(acc_s, n_block);
     }
     typename Traits::PipelineKV::PipelineState read_v = read;  // V of the block P belongs to
     if constexpr (!Traits::kSkipUnseenBlocks) {  // else the kernel cleared them at the tile's start
@@ -396,13 +419,13 @@ struct FwdMainloop {
     // from them (O and P's registers are the product's operands until the
     // product has retired).
     typename decltype(softmax)::RowFactors factors;
-    auto retire_product = [&](auto const& acc_s_step) {
+    auto retire_product = [&](auto const& acc_s_step, int n_block_s) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       softmax.rescale(acc_o_rowcol, factors);
-      set_probabilities(acc_s_step);
+      set_probabilities(acc_s_step, n_block_s);
       read_v = read;
       ++read;
     };
@@ -432,7 +455,7 @@ struct FwdMainloop {
     };
     auto process_key_block = [&](int n_block, auto masked) {
       if constexpr (Traits::kRetireProductLate) {
-        if (product_in_flight) retire_product(acc_s);
+        if (product_in_flight) retire_product(acc_s, n_block + 1);  // acc_s: the block before's
         step(acc_s, n_block, masked);
         product_in_flight = true;
       } else {
@@ -441,7 +464,7 @@ struct FwdMainloop {
         // slower from 4k on the H200.
         Tensor acc_s_step = partition_fragment_C(tiled_mma_qk, ShapeS{});  // (MMA, MMA_M, MMA_N)
         step(acc_s_step, n_block, masked);
-        retire_product(acc_s_step);
+        retire_product(acc_s_step, n_block);
       }
     };
 
@@ -471,7 +494,7 @@ struct FwdMainloop {
     cutlass::arch::ClusterBarrier::arrive(&storage.barrier_q_empty);
 
     // The last block's product.
-    if (product_in_flight) retire_product(acc_s);
+    if (product_in_flight) retire_product(acc_s, n_block + 1);  // the last block visited
     pipeline_v.consumer_wait(read_v);
     turns.wait();
     gemm_rs_async(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
@@ -479,7 +502,8 @@ struct FwdMainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     pipeline_v.consumer_release(read_v);
-    return softmax.finalize(acc_o_rowcol, score_mod.score_scale());
+    return softmax.finalize(acc_o_rowcol, score_mod.score_scale(),
+                            kDropout ? Dropout<kDropout>(params, tile.seq.batch).keep_scale : 1.f);
   }
 };
 

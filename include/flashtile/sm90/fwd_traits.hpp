@@ -35,8 +35,9 @@ using namespace cute;
 // step: +6-9 % over 64 on the H200 (1k-16k), with no spill at 240
 // registers; the masked and varlen kernels keep 64 (80 spilled 4-100 bytes
 // more there).
-// kLocal: the kernel for a sliding window (MaskKind::kLocal).
-template <int kHeadDim, bool kUniform = false, bool kLocal = false>
+// kLocal: the kernel for a sliding window (MaskKind::kLocal). kDropout: a
+// kernel with dropout's code (sm90/fwd_launch.hpp).
+template <int kHeadDim, bool kUniform = false, bool kLocal = false, bool kDropout = false>
 struct FwdConfig {
   static constexpr bool kUniformTiles = kUniform;
   // At d64 three consumer warpgroups (192 rows) share each K/V block: the
@@ -52,8 +53,9 @@ struct FwdConfig {
   // edges waste a third less on masked keys. On the H200 (bf16, d64,
   // benchmarks/NOTES.md): windows of 512 and 2048 keys +2-3 %; the causal
   // kernels at 96 lost 1-5 % (1k-16k), so they keep 128 and their 36-88
-  // bytes of spills.
-  static constexpr int kBlockN = kHeadDim == 64 && kLocal ? 96
+  // bytes of spills. Its dropout kernels with a mask or varlen take 96
+  // too: at 128 dropout's Philox rounds spilled 156-408 bytes, at 96 0-28.
+  static constexpr int kBlockN = kHeadDim == 64 && (kLocal || (kDropout && !kUniform)) ? 96
                                  : kHeadDim <= 128       ? 128
                                  : kHeadDim <= 192       ? 96
                                  : kUniform              ? 80

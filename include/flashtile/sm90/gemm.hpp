@@ -73,4 +73,15 @@ CUTE_HOST_DEVICE constexpr auto acc_to_rs_operand_a_layout(Layout acc) {
                      make_layout(get<0, 2, 1>(split), get<2>(split)));
 }
 
+// ((2, 2, N / 8), MMA_M, MMA_N) wgmma accumulator -> ((2, 2), MMA_M, (N / 8,
+// MMA_N)): the same registers as the m16n8 atoms of the SM80 MMA's
+// accumulator (a warp's 16 rows of wgmma's D hold them in that order), the
+// structure dropout draws its decisions by (common/dropout.hpp).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_to_m16n8_atoms_layout(Layout acc) {
+  static_assert(decltype(rank<0>(acc))::value == 3);
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc)), get<1>(acc),
+                     make_layout(get<0, 2>(acc), get<2>(acc)));
+}
+
 }  // namespace flashtile::sm90

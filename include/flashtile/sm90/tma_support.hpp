@@ -1,12 +1,13 @@
 // Which forwards and backwards the SM90 TMA kernels take: the forward
-// without dropout and the testing-only probabilities, the backward without
-// dropout (their scoremod variants apply softcap and ALiBi; dropout runs the
-// SM80 kernels), on tensors that TMA can describe. A
+// without the testing-only probabilities (its scoremod variant applies
+// softcap, ALiBi and dropout), the backward without dropout (its scoremod
+// variant applies softcap and ALiBi; dropout runs the SM80 kernels), on
+// tensors that TMA can describe. A
 // TMA descriptor needs every stride it steps to be a positive multiple of 16
 // bytes below 2^40 bytes; a mode of extent 1 is never stepped, so its stride does not matter (to_params gives
 // it a harmless one). Stride 0 (a tensor expanded along rows, heads or
 // batch) and larger strides run kernels without TMA: the SM80 forward and
-// backward, or d192's wgmma backward (sm90/bwd_kernel.hpp). (The forward
+// backward. (The forward
 // first folds K and V expanded over their heads into one KV head:
 // flashtile.hpp's with_broadcast_kv_as_one_head.)
 #pragma once
@@ -46,7 +47,7 @@ bool tma_qkv_ok(const Params& p) {
 }
 
 inline bool fwd_supports(const FwdParams& p) {
-  return p.dropout_p == 0.f && p.attn_probs == nullptr && tma_qkv_ok(p);
+  return p.attn_probs == nullptr && tma_qkv_ok(p);
 }
 
 // The sm90 backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k and v
