@@ -14,7 +14,9 @@ float64 with FlashAttention's rule (error at most twice PyTorch's own error in
 the input dtype, plus a slack at fp32 rounding), rows that see no key (out and
 dq exactly 0, lse -inf), keys no row sees (dk, dv exactly 0), dropout through
 the pattern S_dmask reports (its signs are the mask, its magnitudes the
-unnormalized probabilities), and the deterministic backward's bits over two
+unnormalized probabilities) or, in the dense low-level form, which asks for
+no S_dmask (so the wgmma forward takes it), through the documented mask of
+the seed in its rng_state, and the deterministic backward's bits over two
 runs.
 
 The fast tier runs in the GPU suite (test_fuzz_gpu.py); the long tier:
@@ -42,7 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import (assert_close_fa_rule, attention_ref, attention_ref_backward,  # noqa: E402
-                       dropout_keep_probability, dropout_scale)
+                       dropout_keep_mask, dropout_keep_probability, dropout_scale)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FORMS = ("func", "qkvpacked", "kvpacked", "varlen", "varlen_qkvpacked", "varlen_kvpacked", "lowlevel",
@@ -247,8 +249,9 @@ def _visible(sq: int, sk: int, case: Case, device) -> torch.Tensor:
 
 
 def _call_flashtile(case: Case, q, k, v, slopes, dout):
-    """flashtile's out, lse, S_dmask and (dq, dk, dv) for the case's form.
-    q (total or batch rows...), k, v are leaves in the case's layout."""
+    """flashtile's out, lse, S_dmask, (dq, dk, dv) and the dropout seed
+    where the form returns it (the low-level ones' rng_state), for the case's
+    form. q (total or batch rows...), k, v are leaves in the case's layout."""
     import flashtile
     from flashtile.compat import flash_attn_interface as fai
 
@@ -292,18 +295,20 @@ def _call_flashtile(case: Case, q, k, v, slopes, dout):
         again = unpack(torch.autograd.grad(out, inputs, dout))
         for name, a, b in zip(("dq", "dk", "dv"), grads, again):
             assert torch.equal(a, b), f"{name}: deterministic backward differs between two runs"
-    return out, lse, s, tuple(grads)
+    return out, lse, s, tuple(grads), None
 
 
 def _call_lowlevel(case, fai, q, k, v, slopes, dout, cu_q, cu_k, max_q, max_k):
     """flash_attn's _flash_attn_forward / _backward (or the varlen ones) with
-    dq, dk, dv preallocated and NaN-filled: every element must be written."""
+    dq, dk, dv preallocated and NaN-filled: every element must be written.
+    With dropout the varlen form asks for S_dmask (the sm80 forward writes
+    it), the dense one does not (the wgmma forward takes it on an H100/H200)."""
     left, right = case.window
     scale = case.softmax_scale
     q, k, v = q.detach(), k.detach(), v.detach()
     if case.form == "lowlevel":
         out, lse, s, rng_state = fai._flash_attn_forward(q, k, v, case.dropout_p, scale, case.causal, left, right,
-                                                         case.softcap, slopes, case.dropout_p > 0)
+                                                         case.softcap, slopes, False)
     else:
         out, lse, s, rng_state = fai._flash_attn_varlen_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, case.dropout_p, scale, case.causal, left, right, case.softcap, slopes,
@@ -328,7 +333,8 @@ def _call_lowlevel(case, fai, q, k, v, slopes, dout, cu_q, cu_k, max_q, max_k):
     expect = rows.transpose(-1, -2) if case.form == "lowlevel" else rows.transpose(0, 1)
     got = d[..., :expect.shape[-1]]
     assert torch.allclose(got, expect, rtol=1e-5, atol=1e-5), "softmax_d is not rowsum(dout * out)"
-    return out, lse, s, tuple(grads)
+    seed = int(rng_state.reshape(-1)[0]) if case.dropout_p > 0 else None
+    return out, lse, s, tuple(grads), seed
 
 
 def _cumsum(xs):
@@ -363,8 +369,8 @@ def run_case(case: Case, device: str = "cuda") -> None:
     q = _laid_out(q0, case.layout)
     k, v = (_laid_out(t, "contiguous" if packed_kv else case.layout) for t in (k0, v0))
 
-    out, lse, s_dmask, grads = _call_flashtile(case, q, k, v, slopes, dout)
-    _check_against_reference(case, q0, k0, v0, dout, slopes, out, lse, s_dmask, grads)
+    out, lse, s_dmask, grads, seed = _call_flashtile(case, q, k, v, slopes, dout)
+    _check_against_reference(case, q0, k0, v0, dout, slopes, out, lse, s_dmask, grads, seed)
 
 
 def _sequences(case: Case):
@@ -376,7 +382,7 @@ def _sequences(case: Case):
         qs, ks = qs + sq, ks + sk
 
 
-def _check_against_reference(case, q0, k0, v0, dout, slopes, out, lse, s_dmask, grads):
+def _check_against_reference(case, q0, k0, v0, dout, slopes, out, lse, s_dmask, grads, seed):
     scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
     softcap = max(case.softcap, 0.0)
     left, right = case.window
@@ -411,8 +417,10 @@ def _check_against_reference(case, q0, k0, v0, dout, slopes, out, lse, s_dmask, 
         if used == 0:
             continue  # out 0, lse -inf, no gradient: the zero-filled refs
         keep = None
-        if case.dropout_p > 0:
+        if case.dropout_p > 0 and s_dmask is not None:
             keep = ~torch.signbit(s_dmask[b, :, :sq, :used])[None]  # (1, h, sq, used)
+        elif case.dropout_p > 0:
+            keep = dropout_keep_mask(seed, b, q0.shape[1], sq, used, case.dropout_p, q0.device)[None]
         args = dict(causal=case.causal, softmax_scale=scale, window_size=window, softcap=softcap,
                     alibi_slopes=None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b]),
                     dropout_p=case.dropout_p, dropout_keep=keep)
@@ -431,7 +439,7 @@ def _check_against_reference(case, q0, k0, v0, dout, slopes, out, lse, s_dmask, 
             slack[name][qr] = scales[name]
         for name in ("dk", "dv"):
             slack[name][kr_used] = scales[name]
-        if case.dropout_p > 0:
+        if case.dropout_p > 0 and s_dmask is not None:
             probs_checks.append((b, sq, used, qb, kb, ref_lse[0], pt_lse[0], args))
 
     for name in ("out", "dq", "dk", "dv"):  # the rounding of the exact result to the output dtype
