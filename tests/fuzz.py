@@ -15,9 +15,8 @@ the input dtype, plus a slack at fp32 rounding), rows that see no key (out and
 dq exactly 0, lse -inf), keys no row sees (dk, dv exactly 0), dropout through
 the pattern S_dmask reports (its signs are the mask, its magnitudes the
 unnormalized probabilities) or, in the dense low-level form, which asks for
-no S_dmask (so the wgmma forward takes it), through the documented mask of
-the seed in its rng_state, and the deterministic backward's bits over two
-runs.
+no S_dmask, through the documented mask of the seed in its rng_state, and
+the deterministic backward's bits over two runs.
 
 The fast tier runs in the GPU suite (test_fuzz_gpu.py); the long tier:
 
@@ -301,8 +300,8 @@ def _call_flashtile(case: Case, q, k, v, slopes, dout):
 def _call_lowlevel(case, fai, q, k, v, slopes, dout, cu_q, cu_k, max_q, max_k):
     """flash_attn's _flash_attn_forward / _backward (or the varlen ones) with
     dq, dk, dv preallocated and NaN-filled: every element must be written.
-    With dropout the varlen form asks for S_dmask (the sm80 forward writes
-    it), the dense one does not (the wgmma forward takes it on an H100/H200)."""
+    With dropout the varlen form asks for S_dmask, the dense one does not:
+    its mask is checked against the documented one of its seed."""
     left, right = case.window
     scale = case.softmax_scale
     q, k, v = q.detach(), k.detach(), v.detach()

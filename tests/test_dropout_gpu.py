@@ -9,9 +9,9 @@ fp16 and bf16, no mask, causal and a window, seqlen_q above, equal to and
 below seqlen_k, GQA, softcap and ALiBi, the deterministic backward,
 variable-length batches, kept fractions within statistical bounds,
 torch.manual_seed reproducing a call, CUDA graph replays and torch.compile.
-On an H100/H200 the forward without return_attn_probs runs the wgmma
-kernels (their dropout is checked against the documented mask directly);
-with it, and in the backward, the sm80 ones.
+On an H100/H200 the forward runs the wgmma kernels (and the separate
+probabilities kernel for return_attn_probs; without it the mask is checked
+against the documented one directly), the backward the sm80 ones.
 """
 
 import math
@@ -102,8 +102,8 @@ def test_dropout_against_the_reference_with_the_kernels_mask(dtype_name, mask, s
 
 def check_wgmma_forward_with_dropout(q, k, v, dropout_p, cu_seqlens=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None):
-    """The forward through flash_attn's low-level entry (no S_dmask, so the
-    wgmma kernel takes it) and the backward with its rng_state, against the
+    """The forward through flash_attn's low-level entry (no S_dmask: the
+    attention kernel's own mask) and the backward with its rng_state, against the
     reference with the documented keep mask of the seed in rng_state.
     q, k, v: (batch, seqlen, heads, d), or with cu_seqlens = (cu_q, cu_k)
     their rows packed, as flash_attn_varlen_func takes them."""

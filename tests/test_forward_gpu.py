@@ -400,8 +400,6 @@ def test_torch_compile_dynamic_shapes():
 
 SM90_FWD_BUILT = sm90_built("fwd")
 SM90_SCOREMOD_FWD_BUILT = sm90_built("fwd", "scoremod")
-SCOREMOD_FWD_BUILT = {(int(hd), str(dn)) for d, arch, hd, dn, variant in _C.built_kernels()
-                      if d == "fwd" and variant == "scoremod"}
 
 
 def require_sm90_forward():
@@ -420,9 +418,9 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
     kernel: the plain variant, and the scoremod one for softcap and ALiBi;
     the other tests of this file and test_score_mod_gpu.py then check their
     results there. K and V expanded over their heads run as one KV head
-    there too; so does dropout, in the scoremod variant. What it does not
-    take runs the sm80 kernel: return_attn_probs and a stride TMA cannot
-    step (K and V expanded over the batch)."""
+    there too; so do dropout and return_attn_probs, in the scoremod variant.
+    What it does not take runs the sm80 kernel: a stride TMA cannot step (K
+    and V expanded over the batch)."""
     require_sm90_forward()
     for head_dim, name in SM90_FWD_BUILT:
         q, k, v = rand_qkv(1, 200, 300, 4, 2, head_dim, DTYPES[name])
@@ -435,13 +433,11 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
             for mods in (dict(softcap=30.0), dict(alibi_slopes=slopes), dict(softcap=30.0, alibi_slopes=slopes)):
                 _, _, names = forward_kernel_names(q, k, v, causal=causal, **mods)
                 assert any("flashtile::sm90::fwd_kernel" in n for n in names), (mods, names)
-            _, names = cuda_kernel_names(lambda: flashtile.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal))
-            assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
-        if (head_dim, name) in SCOREMOD_FWD_BUILT:
-            _, names = cuda_kernel_names(lambda: flashtile.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal,
-                                                                           return_attn_probs=True))
-            assert any("fwd_kernel" in n for n in names), names
-            assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
+            for probs in (False, True):
+                _, names = cuda_kernel_names(lambda: flashtile.flash_attn_func(
+                    q, k, v, dropout_p=0.1, causal=causal, return_attn_probs=probs))
+                assert any("flashtile::sm90::fwd_kernel" in n for n in names), (probs, names)
+                assert any("attn_probs_kernel" in n for n in names) == probs, (probs, names)
 
         k1, v1 = k[:, :, :1].expand(-1, -1, 4, -1), v[:, :, :1].expand(-1, -1, 4, -1)  # head stride 0
         out, lse, names = forward_kernel_names(q, k1, v1, causal=causal)

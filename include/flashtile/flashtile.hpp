@@ -56,7 +56,7 @@ bool dropout_valid(const Params& p) {
 }
 
 // The testing-only attn_probs covers every (row, key) of the longest
-// sequences, and its grid (sm80/attn_probs_kernel.hpp) fits CUDA's limits:
+// sequences, and its grid (common/attn_probs_kernel.hpp) fits CUDA's limits:
 // 16-row tiles in y, (batch, head) in z.
 inline bool attn_probs_valid(const FwdParams& p) {
   if (p.attn_probs == nullptr) return true;
@@ -241,8 +241,8 @@ inline FwdParams with_broadcast_kv_as_one_head(FwdParams p) {
 
 // Runs the forward registered for (head_dim, dtype, variant): on an sm90
 // device the wgmma/TMA path's where one is built, sm90_dispatch_allowed and
-// its kernels take params (sm90/tma_support.hpp: no attn_probs, strides TMA
-// can step), else the sm80 path's (find_sm80).
+// its kernels take params (sm90/tma_support.hpp: strides TMA can step),
+// else the sm80 path's (find_sm80).
 inline Status fwd(const FwdParams& params, cudaStream_t stream) {
   const Status ok = can_implement_fwd(params);
   if (ok != Status::kSuccess) return ok;

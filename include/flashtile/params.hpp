@@ -96,7 +96,7 @@ struct FwdParams {
   // row i and key j of a sequence, 0 where masked or outside the sequence.
   // Dropped entries are written negated (the sign bit set even where P is
   // 0), as flash_attn's return_attn_probs. A separate, slow kernel
-  // (sm80/attn_probs_kernel.hpp), run after the forward.
+  // (common/attn_probs_kernel.hpp), run after the forward.
   void* attn_probs = nullptr;
   int attn_probs_rows = 0;
   int attn_probs_cols = 0;

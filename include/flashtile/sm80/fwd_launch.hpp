@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "flashtile/common/attn_probs_kernel.hpp"
 #include "flashtile/common/device.hpp"
 #include "flashtile/params.hpp"
-#include "flashtile/sm80/attn_probs_kernel.hpp"
 #include "flashtile/sm80/fwd_kernel.hpp"
 #include "flashtile/sm80/fwd_traits.hpp"
 #include "flashtile/smem_budget.hpp"

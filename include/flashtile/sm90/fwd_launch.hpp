@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "flashtile/common/attn_probs_kernel.hpp"
 #include "flashtile/common/mask.hpp"
 #include "flashtile/common/score_mod.hpp"
 #include "flashtile/params.hpp"
@@ -41,7 +42,8 @@ Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& 
 
 // The instantiation for params' mask kind and batch form (causal folded
 // into the window), with dropout's code where dropout_p > 0 (ScoreMod<true>
-// only: FwdParams' modifiers are one variant). The softcap/ALiBi kernels
+// only: FwdParams' modifiers are one variant; it also writes the testing-only
+// attn_probs, common/attn_probs_kernel.hpp). The softcap/ALiBi kernels
 // keep none of it: in them dropout's state and Philox rounds took d64's
 // spills (ptxas, nvcc 13.0, bf16) from 0-96 to 4-408 bytes and d256's
 // from 0-56 to 36-96.
@@ -65,9 +67,13 @@ Status launch_fwd_for_mask(const FwdParams& params, typename ScoreModT::Argument
     return is_varlen(p) ? launch(std::true_type{}, dropout) : launch(std::false_type{}, dropout);
   };
   if constexpr (std::is_same_v<ScoreModT, ScoreMod<true>>) {
-    if (p.dropout_p > 0.f) return launch_batch(std::true_type{});
+    const Status status = p.dropout_p > 0.f ? launch_batch(std::true_type{}) : launch_batch(std::false_type{});
+    // Testing only: the probabilities, from the forward's lse.
+    if (status != Status::kSuccess || p.attn_probs == nullptr) return status;
+    return launch_attn_probs<Element>(p, stream);
+  } else {
+    return launch_batch(std::false_type{});
   }
-  return launch_batch(std::false_type{});
 }
 
 // Entry point a generated kernels/fwd_sm90_*.cu file instantiates and

@@ -1,6 +1,6 @@
-// Which forwards and backwards the SM90 TMA kernels take: the forward
-// without the testing-only probabilities (its scoremod variant applies
-// softcap, ALiBi and dropout), the backward without dropout (its scoremod
+// Which forwards and backwards the SM90 TMA kernels take: every forward
+// (its scoremod variant applies softcap, ALiBi and dropout and writes the
+// testing-only probabilities), the backward without dropout (its scoremod
 // variant applies softcap and ALiBi; dropout runs the SM80 kernels), on
 // tensors that TMA can describe. A
 // TMA descriptor needs every stride it steps to be a positive multiple of 16
@@ -47,7 +47,7 @@ bool tma_qkv_ok(const Params& p) {
 }
 
 inline bool fwd_supports(const FwdParams& p) {
-  return p.attn_probs == nullptr && tma_qkv_ok(p);
+  return tma_qkv_ok(p);
 }
 
 // The sm90 backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k and v

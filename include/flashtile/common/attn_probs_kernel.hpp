@@ -7,6 +7,8 @@
 // gives its four keep decisions exactly as the attention kernels draw them
 // (common/dropout.hpp). The scores are fp32 dot products read straight from
 // global memory: slow, and meant for tests on small problems, not for speed.
+// Both forwards (sm80/fwd_launch.hpp, sm90/fwd_launch.hpp) launch it after
+// their attention kernel, from the logsumexp that kernel wrote.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,7 +20,7 @@
 #include "flashtile/params.hpp"
 #include "flashtile/status.hpp"
 
-namespace flashtile::sm80 {
+namespace flashtile {
 
 // params' window must already have causal folded in (resolve_mask).
 template <class Element>
@@ -82,4 +84,4 @@ Status launch_attn_probs(const FwdParams& params, cudaStream_t stream) {
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 
-}  // namespace flashtile::sm80
+}  // namespace flashtile
