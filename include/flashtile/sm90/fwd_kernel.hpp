@@ -65,7 +65,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   auto tile_at = [&](int index) {
     const TileCoord coord = params.scheduler.template tile<kMask == MaskKind::kCausal>(index);
     const SeqInfo seq(p, coord.batch, std::bool_constant<kVarlen>{});
-    const int row_shift = kMask == MaskKind::kCausal ? ceil_div(seq.seqlen_q, kBlockM) * kBlockM - seq.seqlen_q : 0;
+    // A causal tile is laid from the sequence's last row up (FwdTile). With
+    // dropout the shift keeps to whole 16-row atoms: keep_bits draws by
+    // them and needs the tile's first row on one (common/dropout.hpp), so up
+    // to 15 rows of the last block lie past the sequence (dropped, as a
+    // window's partial last block is).
+    const int full_shift = ceil_div(seq.seqlen_q, kBlockM) * kBlockM - seq.seqlen_q;
+    const int row_shift = kMask != MaskKind::kCausal ? 0 : kDropout ? full_shift - full_shift % 16 : full_shift;
     const BlockMask<kMask, kBlockM, kBlockN> mask(seq.seqlen_q + row_shift, seq.seqlen_k, p.window_left,
                                                   p.window_right);
     Tile tile{coord.m_block, coord.head, coord.head / (p.nheads / p.nheads_k), seq, row_shift, mask,

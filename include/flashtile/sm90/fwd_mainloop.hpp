@@ -47,7 +47,8 @@ using namespace cute;
 //
 // Query block m holds the sequence's rows [m · kBlockM − row_shift, (m +
 // 1) · kBlockM − row_shift). A causal tile is laid from the sequence's last
-// row up (row_shift = the padding of seqlen_q to whole blocks), so that the
+// row up (row_shift = the padding of seqlen_q to whole blocks, less its
+// remainder mod 16 in the dropout kernels: fwd_kernel.hpp), so that the
 // partial block is the first one, which sees the fewest keys, and not the
 // last, which sees them all: d64's 192-row blocks at 1k left 128 of the
 // last block's rows out of the sequence. mask is built for seqlen_q +
@@ -360,7 +361,8 @@ struct FwdMainloop {
     // P of the block before, as the A operand of O += P·V: ((2, 2, 2), MMA_M, MMA_N)
     Tensor tOrP = make_tensor<Element>(acc_to_rs_operand_a_layout(
         partition_fragment_C(tiled_mma_qk, ShapeS{}).layout()));
-    // P of key block n_block from its probabilities acc_s; with dropout on,
+    // P of key block n_block from its probabilities acc_s; with dropout on
+    // (the tile's first row a multiple of 16: fwd_kernel.hpp's row_shift),
     // the dropped ones zeroed after the row sums took them (they are of the
     // undropped P; the kept ones' 1 / (1 − p) joins O's normalization).
     // The dropout state is made here from params (the seed is one cached
