@@ -735,9 +735,9 @@ void check_sm90_fwd_support() {
   q.softcap = 30.f;
   expect(flashtile::sm90::fwd_supports(q), config, "softcap (the scoremod variant)");
   q = p, q.dropout_p = 0.1f;
-  expect(!flashtile::sm90::fwd_supports(q), config, "dropout runs the sm80 kernels");
+  expect(flashtile::sm90::fwd_supports(q), config, "dropout (the scoremod variant)");
   q = p, q.attn_probs = reinterpret_cast<void*>(256);
-  expect(!flashtile::sm90::fwd_supports(q), config, "the probabilities run the sm80 kernels");
+  expect(flashtile::sm90::fwd_supports(q), config, "the probabilities (the scoremod variant)");
   q = p, q.k_batch_stride = 0;
   expect(!flashtile::sm90::fwd_supports(q), config, "k expanded along the batch (stride 0)");
   q = p, q.batch = 1, q.k_batch_stride = 0;
