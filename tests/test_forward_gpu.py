@@ -418,9 +418,9 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
     kernel: the plain variant, and the scoremod one for softcap and ALiBi;
     the other tests of this file and test_score_mod_gpu.py then check their
     results there. K and V expanded over their heads run as one KV head
-    there too; so do dropout and return_attn_probs, in the scoremod variant.
-    What it does not take runs the sm80 kernel: a stride TMA cannot step (K
-    and V expanded over the batch)."""
+    there too; so do dropout and return_attn_probs, in the scoremod variant,
+    and q, k or v expanded over the batch or heads (stride 0: described with
+    extent 1 and read at index 0)."""
     require_sm90_forward()
     for head_dim, name in SM90_FWD_BUILT:
         q, k, v = rand_qkv(1, 200, 300, 4, 2, head_dim, DTYPES[name])
@@ -445,9 +445,12 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
         check_against_reference(q, k1, v1, out, lse, causal)
         q2 = torch.cat([q, torch.randn_like(q)])
         k2, v2 = k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)  # batch stride 0
-        out, lse, names = forward_kernel_names(q2, k2, v2, causal=causal)
-        assert not any("flashtile::sm90::fwd_kernel" in n for n in names), names
-        check_against_reference(q2, k2, v2, out, lse, causal)
+        q3 = q[:, :, :1].expand(-1, -1, 4, -1)  # q's head stride 0
+        v_own = torch.cat([v, torch.randn_like(v)])
+        for qx, kx, vx in ((q2, k2, v2), (q2, k2, v_own), (q.expand(2, -1, -1, -1), k2, v2), (q3, k, v)):
+            out, lse, names = forward_kernel_names(qx, kx, vx, causal=causal)
+            assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
+            check_against_reference(qx, kx, vx, out, lse, causal)
 
 
 

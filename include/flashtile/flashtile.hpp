@@ -231,9 +231,8 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
 
 // K and V expanded over their heads (both with head stride 0, as torch's
 // expand makes them) hold one head's keys and values for every query head:
-// the same forward as one KV head, which the TMA kernels take (they cannot
-// step a stride of 0) and which reads them once for all query heads. (The
-// backward keeps the heads: dk and dv have one per KV head.)
+// the same forward as one KV head, which reads them once for all query
+// heads. (The backward keeps the heads: dk and dv have one per KV head.)
 inline FwdParams with_broadcast_kv_as_one_head(FwdParams p) {
   if (p.nheads_k > 1 && p.k_head_stride == 0 && p.v_head_stride == 0) p.nheads_k = 1;
   return p;

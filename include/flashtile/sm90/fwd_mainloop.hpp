@@ -128,21 +128,25 @@ struct FwdMainloop {
 
   // The descriptors for params' q, k and v (16-byte aligned pointers and
   // strides: can_implement_fwd checked them; fwd_supports, that TMA can step
-  // them; a mode of extent 1 gets tma_stride's harmless one).
+  // them; a mode of extent 1 gets tma_stride's harmless one, and a heads or
+  // batch mode of stride 0 extent 1: tma_extent).
   static Params to_params(FwdParams const& p) {
     const bool varlen = is_varlen(p);
     const int32_t batch = varlen ? 1 : p.batch;
     const int32_t rows_q = varlen ? p.total_q : p.seqlen_q;
     const int32_t rows_k = varlen ? p.total_k : p.seqlen_k;
-    const ShapeRows shape_q{rows_q, kHeadDim, p.nheads, batch};
-    const ShapeRows shape_k{rows_k, kHeadDim, p.nheads_k, batch};
-    const ShapeRows shape_vt{kHeadDim, rows_k, p.nheads_k, batch};
-    const StrideRows stride_q{tma_stride(p.q_row_stride, rows_q), _1{}, tma_stride(p.q_head_stride, p.nheads),
-                              tma_stride(p.q_batch_stride, batch)};
-    const StrideRows stride_k{tma_stride(p.k_row_stride, rows_k), _1{}, tma_stride(p.k_head_stride, p.nheads_k),
-                              tma_stride(p.k_batch_stride, batch)};
-    const StrideRowsT stride_vt{_1{}, tma_stride(p.v_row_stride, rows_k), tma_stride(p.v_head_stride, p.nheads_k),
-                                tma_stride(p.v_batch_stride, batch)};
+    const int32_t heads_q = tma_extent(p.q_head_stride, p.nheads), batch_q = tma_extent(p.q_batch_stride, batch);
+    const int32_t heads_k = tma_extent(p.k_head_stride, p.nheads_k), batch_k = tma_extent(p.k_batch_stride, batch);
+    const int32_t heads_v = tma_extent(p.v_head_stride, p.nheads_k), batch_v = tma_extent(p.v_batch_stride, batch);
+    const ShapeRows shape_q{rows_q, kHeadDim, heads_q, batch_q};
+    const ShapeRows shape_k{rows_k, kHeadDim, heads_k, batch_k};
+    const ShapeRows shape_vt{kHeadDim, rows_k, heads_v, batch_v};
+    const StrideRows stride_q{tma_stride(p.q_row_stride, rows_q), _1{}, tma_stride(p.q_head_stride, heads_q),
+                              tma_stride(p.q_batch_stride, batch_q)};
+    const StrideRows stride_k{tma_stride(p.k_row_stride, rows_k), _1{}, tma_stride(p.k_head_stride, heads_k),
+                              tma_stride(p.k_batch_stride, batch_k)};
+    const StrideRowsT stride_vt{_1{}, tma_stride(p.v_row_stride, rows_k), tma_stride(p.v_head_stride, heads_v),
+                                tma_stride(p.v_batch_stride, batch_v)};
     return {make_tma<typename Traits::SmemLayoutQ, Shape<Int<kBlockM>, Int<kHeadDim>>>(
                 static_cast<const Element*>(p.q), shape_q, stride_q),
             make_tma<typename Traits::SmemLayoutKStage, Shape<Int<kBlockN>, Int<kHeadDim>>>(
@@ -162,17 +166,21 @@ struct FwdMainloop {
   // one head, from its row -row_shift on: its batch slice, or (varlen) its
   // rows of the packed one. TMA fills rows before the tensor's first with
   // zeros; a varlen sequence's rows before its own are the sequence
-  // before's, whose results the epilogue drops as well.
+  // before's, whose results the epilogue drops as well. A heads or batch
+  // mode of extent 1 is read at 0 whatever the index: the tensor's only
+  // one, or one expanded along it (tma_extent).
   template <class Tensor_>
   CUTE_DEVICE static auto sequence_rows(Tensor_ const& m, int head, SeqInfo const& seq, int row_start,
                                         int row_shift = 0) {
-    if (seq.varlen) return domain_offset(make_coord(row_start - row_shift, _0{}), m(_, _, head, 0));
-    return domain_offset(make_coord(-row_shift, _0{}), m(_, _, head, seq.batch));
+    const int h = size<2>(m) == 1 ? 0 : head;
+    if (seq.varlen) return domain_offset(make_coord(row_start - row_shift, _0{}), m(_, _, h, 0));
+    return domain_offset(make_coord(-row_shift, _0{}), m(_, _, h, size<3>(m) == 1 ? 0 : seq.batch));
   }
   template <class Tensor_>
   CUTE_DEVICE static auto sequence_cols(Tensor_ const& m, int head, SeqInfo const& seq, int row_start) {
-    if (seq.varlen) return domain_offset(make_coord(_0{}, row_start), m(_, _, head, 0));
-    return domain_offset(make_coord(_0{}, 0), m(_, _, head, seq.batch));
+    const int h = size<2>(m) == 1 ? 0 : head;
+    if (seq.varlen) return domain_offset(make_coord(_0{}, row_start), m(_, _, h, 0));
+    return domain_offset(make_coord(_0{}, 0), m(_, _, h, size<3>(m) == 1 ? 0 : seq.batch));
   }
 
   // The producer (one thread, the pipelines' leader): Q, then K and V of

@@ -5,11 +5,13 @@
 // tensors that TMA can describe. A
 // TMA descriptor needs every stride it steps to be a positive multiple of 16
 // bytes below 2^40 bytes; a mode of extent 1 is never stepped, so its stride does not matter (to_params gives
-// it a harmless one). Stride 0 (a tensor expanded along rows, heads or
-// batch) and larger strides run kernels without TMA: the SM80 forward and
-// backward. (The forward
-// first folds K and V expanded over their heads into one KV head:
-// flashtile.hpp's with_broadcast_kv_as_one_head.)
+// it a harmless one). The forward also takes stride 0 along heads or batch
+// (a tensor expanded along them): it describes that mode with extent 1
+// (tma_extent) and reads its index 0 there (FwdMainloop::sequence_rows);
+// it first folds K and V expanded over their heads into one KV head
+// (flashtile.hpp's with_broadcast_kv_as_one_head). Stride 0 along rows,
+// larger strides, and in the backward any stride 0 run kernels without
+// TMA: the SM80 forward and backward.
 #pragma once
 
 #include <cstdint>
@@ -28,26 +30,36 @@ inline bool tma_stride_ok(int64_t stride_elements, int64_t extent) {
 // elements whatever the caller's (TMA refuses some, 0 among them).
 inline int64_t tma_stride(int64_t stride_elements, int64_t extent) { return extent > 1 ? stride_elements : 8; }
 
-// TMA can step a (rows, head dim, heads, batch) tensor with these strides.
-inline bool tma_tensor_ok(int64_t row_stride, int64_t head_stride, int64_t batch_stride, int64_t rows, int64_t heads,
-                          int64_t batch) {
+// The extent a descriptor is given for a heads or batch mode: 1 where the
+// tensor is expanded along it (stride 0), its own otherwise.
+inline int64_t tma_extent(int64_t stride_elements, int64_t extent) { return stride_elements == 0 ? 1 : extent; }
+
+// TMA can step a (rows, head dim, heads, batch) tensor with these strides;
+// with kExpandedOk, heads and batch of stride 0 as well (tma_extent).
+template <bool kExpandedOk = false>
+bool tma_tensor_ok(int64_t row_stride, int64_t head_stride, int64_t batch_stride, int64_t rows, int64_t heads,
+                   int64_t batch) {
+  if constexpr (kExpandedOk) {
+    heads = tma_extent(head_stride, heads);
+    batch = tma_extent(batch_stride, batch);
+  }
   return tma_stride_ok(row_stride, rows) && tma_stride_ok(head_stride, heads) && tma_stride_ok(batch_stride, batch);
 }
 
 // q, k and v as the TMA kernels see them (a varlen batch: one packed
 // sequence of total rows).
-template <class Params>
+template <bool kExpandedOk = false, class Params>
 bool tma_qkv_ok(const Params& p) {
   const bool varlen = is_varlen(p);
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch = varlen ? 1 : p.batch;
-  return tma_tensor_ok(p.q_row_stride, p.q_head_stride, p.q_batch_stride, rows_q, p.nheads, batch) &&
-         tma_tensor_ok(p.k_row_stride, p.k_head_stride, p.k_batch_stride, rows_k, p.nheads_k, batch) &&
-         tma_tensor_ok(p.v_row_stride, p.v_head_stride, p.v_batch_stride, rows_k, p.nheads_k, batch);
+  return tma_tensor_ok<kExpandedOk>(p.q_row_stride, p.q_head_stride, p.q_batch_stride, rows_q, p.nheads, batch) &&
+         tma_tensor_ok<kExpandedOk>(p.k_row_stride, p.k_head_stride, p.k_batch_stride, rows_k, p.nheads_k, batch) &&
+         tma_tensor_ok<kExpandedOk>(p.v_row_stride, p.v_head_stride, p.v_batch_stride, rows_k, p.nheads_k, batch);
 }
 
 inline bool fwd_supports(const FwdParams& p) {
-  return tma_qkv_ok(p);
+  return tma_qkv_ok</*kExpandedOk=*/true>(p);
 }
 
 // The sm90 backward (sm90/bwd_ws_kernel.hpp) reads q, dout, k and v
