@@ -739,7 +739,11 @@ void check_sm90_fwd_support() {
   q = p, q.attn_probs = reinterpret_cast<void*>(256);
   expect(flashtile::sm90::fwd_supports(q), config, "the probabilities (the scoremod variant)");
   q = p, q.k_batch_stride = 0;
-  expect(!flashtile::sm90::fwd_supports(q), config, "k expanded along the batch (stride 0)");
+  expect(flashtile::sm90::fwd_supports(q), config, "k expanded along the batch (stride 0: extent 1)");
+  q = p, q.q_head_stride = 0, q.v_batch_stride = 0;
+  expect(flashtile::sm90::fwd_supports(q), config, "q expanded along heads, v along the batch");
+  q = p, q.k_row_stride = 0;
+  expect(!flashtile::sm90::fwd_supports(q), config, "k expanded along the rows (stride 0)");
   q = p, q.batch = 1, q.k_batch_stride = 0;
   expect(flashtile::sm90::fwd_supports(q), config, "stride 0 on a mode of extent 1");
   q = p, q.v_row_stride = int64_t(1) << 40;
