@@ -121,14 +121,14 @@ int main() {
   expect(flashtile::can_implement_bwd(valid_bwd()) == Status::kSuccess, "valid backward params pass");
 
   // K and V expanded over their heads (head stride 0) are one KV head to the
-  // forward, which the TMA kernels take; expanded over the batch, or only
-  // one of them, they stay as they are (the SM80 kernels take them).
+  // forward; expanded over the batch, or only one of them, they stay as they
+  // are. The TMA kernels take all of these (a mode of stride 0: extent 1).
   {
     Fwd expanded = valid_fwd();
     expanded.k_head_stride = expanded.v_head_stride = 0;
     const Fwd folded = flashtile::with_broadcast_kv_as_one_head(expanded);
     expect(flashtile::can_implement_fwd(expanded) == Status::kSuccess && folded.nheads_k == 1 &&
-               !flashtile::sm90::fwd_supports(expanded) && flashtile::sm90::fwd_supports(folded),
+               flashtile::sm90::fwd_supports(expanded) && flashtile::sm90::fwd_supports(folded),
            "k and v expanded over heads run as one KV head on the TMA kernels");
     Fwd k_only = valid_fwd();
     k_only.k_head_stride = 0;
@@ -136,7 +136,7 @@ int main() {
     over_batch.k_batch_stride = over_batch.v_batch_stride = 0;
     expect(flashtile::with_broadcast_kv_as_one_head(k_only).nheads_k == 2 &&
                flashtile::with_broadcast_kv_as_one_head(over_batch).nheads_k == 2 &&
-               !flashtile::sm90::fwd_supports(over_batch),
+               flashtile::sm90::fwd_supports(k_only) && flashtile::sm90::fwd_supports(over_batch),
            "k alone, or k and v over the batch, keep their heads");
   }
 
