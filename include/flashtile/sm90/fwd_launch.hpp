@@ -22,7 +22,9 @@ namespace flashtile::sm90 {
 template <int kHeadDim, class Element, MaskKind kMask, bool kVarlen, class ScoreModT, bool kDropout>
 Status launch_fwd(const FwdParams& params, typename ScoreModT::Arguments const& score_mod, cudaStream_t stream) {
   constexpr bool uniform_tiles = kMask == MaskKind::kNone && !kVarlen;  // (tile_scheduler.hpp)
-  using Traits = FwdTraits<kHeadDim, Element, FwdConfig<kHeadDim, uniform_tiles, kMask == MaskKind::kLocal, kDropout>>;
+  constexpr bool kModified = !std::is_same_v<ScoreModT, ScoreMod<false>>;
+  using Traits = FwdTraits<kHeadDim, Element,
+                           FwdConfig<kHeadDim, uniform_tiles, kMask == MaskKind::kLocal, kDropout, kModified>>;
   auto* kernel = &fwd_kernel<Traits, kMask, kVarlen, ScoreModT, kDropout>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {

@@ -36,8 +36,9 @@ using namespace cute;
 // registers; the masked and varlen kernels keep 64 (80 spilled 4-100 bytes
 // more there).
 // kLocal: the kernel for a sliding window (MaskKind::kLocal). kDropout: a
-// kernel with dropout's code (sm90/fwd_launch.hpp).
-template <int kHeadDim, bool kUniform = false, bool kLocal = false, bool kDropout = false>
+// kernel with dropout's code (sm90/fwd_launch.hpp). kModified: one with a
+// score modifier (softcap and ALiBi, or a caller's; kDropout implies it).
+template <int kHeadDim, bool kUniform = false, bool kLocal = false, bool kDropout = false, bool kModified = false>
 struct FwdConfig {
   static constexpr bool kUniformTiles = kUniform;
   // At d64 three consumer warpgroups (192 rows) share each K/V block: the
@@ -52,14 +53,18 @@ struct FwdConfig {
   // nothing (68-208 bytes at 128; ptxas, nvcc 13.0, sm_90a), and a window's
   // edges waste a third less on masked keys. On the H200 (bf16, d64,
   // benchmarks/NOTES.md): windows of 512 and 2048 keys +2-3 %; the causal
-  // kernels at 96 lost 1-5 % (1k-16k), so they keep 128 and their 36-88
+  // kernels at 96 lost 1-5 % (1k-16k), so they keep 128 and their 28-96
   // bytes of spills. Its dropout kernels with a mask or varlen take 96
   // too: at 128 dropout's Philox rounds spilled 156-408 bytes, at 96 0-28.
-  static constexpr int kBlockN = kHeadDim == 64 && (kLocal || (kDropout && !kUniform)) ? 96
-                                 : kHeadDim <= 128       ? 128
-                                 : kHeadDim <= 192       ? 96
-                                 : kUniform              ? 80
-                                                         : 64;
+  // So does its uniform kernel with a score modifier: at 128 ptxas (nvcc
+  // 13.0) serializes its wgmma for want of registers (C7512), at 96 not.
+  static constexpr bool kD64At96Keys =
+      kHeadDim == 64 && (kLocal || (kDropout && !kUniform) || (kModified && kUniform));
+  static constexpr int kBlockN = kD64At96Keys       ? 96
+                                 : kHeadDim <= 128 ? 128
+                                 : kHeadDim <= 192 ? 96
+                                 : kUniform        ? 80
+                                                   : 64;
   static constexpr int kStages = 2;
   // Registers a producer thread keeps beside two consumer warpgroups. The
   // tile walk from the device counter (every kernel but the uniform one)
