@@ -10,7 +10,9 @@ modifier) on the same shapes, forward and backward.
 
 --mma-sync adds rows `<impl>_mma_sync`: the same calls with dispatch limited
 to the sm80 path (flashtile._C.limit_dispatch_arch), so that on an H100/H200
-the wgmma kernels are timed beside the mma.sync ones in one process.
+the wgmma kernels are timed beside the mma.sync ones in one process (there
+it needs a build with FLASHTILE_SM80_ON_SM90=ON: by default a build with 90a
+compiles the sm80 forward for its other archs only).
 
 Check before timing: every flashtile case's forward output and LSE on the
 first and last 128 query rows of batch 0 (all heads), and its dq, dk, dv on
@@ -109,6 +111,11 @@ def main(argv=None) -> int:
     parser.add_argument("--mma-sync", action="store_true",
                         help="also time each flashtile case on the mma.sync (sm80) kernels")
     args = parser.parse_args(argv)
+    if args.mma_sync and torch.cuda.get_device_capability() == (9, 0):
+        without = {tuple(e) for e in flashtile._C.kernels_without_sm90_code()}
+        if not any(e[0] == "fwd" and e[1] == "sm80" and tuple(e) not in without for e in flashtile._C.built_kernels()):
+            parser.error("--mma-sync: this build has no sm80 forward for this H100/H200 "
+                         "(rebuild with FLASHTILE_SM80_ON_SM90=ON)")
     dtype, hdim, nheads = torch.bfloat16, args.hdim, sweep_nheads(args.hdim)
     slopes = alibi_slopes(nheads)
     mods = {"flashtile": (0.0, None), "flashtile_softcap": (SOFTCAP, None),

@@ -9,7 +9,8 @@ windows (0, small, past the sequence, one side only), softcap, ALiBi, dropout,
 the softmax scale, odd layouts (non-contiguous, padded rows, misaligned
 starts, a last dim with stride 2), ``deterministic`` and the dispatch arch
 (with "sm80" the sm90 wgmma kernels are skipped, so one H100/H200 runs every
-path). It then checks out, the logsumexp and dq, dk, dv against attention in
+path; drawn on an H100/H200 only with a build that compiles the sm80 forward
+for it, FLASHTILE_SM80_ON_SM90). It then checks out, the logsumexp and dq, dk, dv against attention in
 float64 with FlashAttention's rule (error at most twice PyTorch's own error in
 the input dtype, plus a slack at fp32 rounding), rows that see no key (out and
 dq exactly 0, lse -inf), keys no row sees (dk, dv exactly 0), dropout through
@@ -129,9 +130,11 @@ def _window_side(rng: random.Random, seqlen: int) -> int:
     return seqlen + rng.randint(0, 2 * seqlen + 2)  # at or past the sequence
 
 
-def draw_case(seed: int, built, max_seqlen: int = 3000, max_scores: int = 6_000_000) -> Case:
+def draw_case(seed: int, built, max_seqlen: int = 3000, max_scores: int = 6_000_000,
+              archs=("sm90", "sm80")) -> Case:
     """One case from its seed; ``built`` is {(kernel head dim, dtype name,
-    variant)} of this build, so a partial build draws only what it has."""
+    variant)} of this build, so a partial build draws only what it has, and
+    ``archs`` the dispatch limits that run here (dispatch_archs())."""
     rng = random.Random(seed)
     while True:
         dtype = rng.choice(sorted(DTYPES))
@@ -188,7 +191,7 @@ def draw_case(seed: int, built, max_seqlen: int = 3000, max_scores: int = 6_000_
         window_as_tensor=rng.random() < 0.15, softcap=softcap, alibi=alibi, dropout_p=dropout_p,
         softmax_scale=None if rng.random() < 0.7 else rng.uniform(0.02, 0.5),
         layout=rng.choices(LAYOUTS, weights=[50, 15, 12, 12, 11])[0],
-        deterministic=rng.random() < 0.25, arch=rng.choice(["sm90", "sm80"]))
+        deterministic=rng.random() < 0.25, arch=rng.choice(list(archs)))
 
 
 # --------------------------------------------------------------------------
@@ -553,16 +556,25 @@ def built_combos():
     return fwd & bwd
 
 
+def dispatch_archs() -> tuple[str, ...]:
+    """The dispatch limits a case may draw on this GPU and build: "sm80" only
+    where a forward so limited runs here (kernel_names.sm80_forward_runs_here:
+    not on an H100/H200 whose build compiled the sm80 forward for other GPUs
+    only, the default)."""
+    from kernel_names import sm80_forward_runs_here
+    return ("sm90", "sm80") if sm80_forward_runs_here() else ("sm90",)
+
+
 def case_seed(master: int, index: int) -> int:
     return (master * 1_000_003 + index) & (2**62 - 1)
 
 
 def _worker(args):
     master, indices, max_seqlen = args
-    built = built_combos()
+    built, archs = built_combos(), dispatch_archs()
     results = []
     for i in indices:
-        case = draw_case(case_seed(master, i), built, max_seqlen=max_seqlen)
+        case = draw_case(case_seed(master, i), built, max_seqlen=max_seqlen, archs=archs)
         try:
             run_case(case)
             results.append((i, case.kernel(), case.form, case.arch, None))
@@ -587,7 +599,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.replay is not None:
-        case = draw_case(args.replay, built_combos(), max_seqlen=args.max_seqlen)
+        case = draw_case(args.replay, built_combos(), max_seqlen=args.max_seqlen, archs=dispatch_archs())
         print(json.dumps(dataclasses.asdict(case)))
         run_case(case)
         print("passed")

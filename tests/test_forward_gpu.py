@@ -454,6 +454,26 @@ def test_sm90_forward_is_the_kernel_that_runs(causal):
 
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_rows_of_stride_zero(causal):
+    """q, k or v expanded along the sequence (rows of stride 0, which TMA
+    cannot step) are copied before the forward (_ops._fwd_ready): on an sm90
+    device the wgmma kernel runs them, as it runs every other layout (a build
+    with 90a has no other forward there), and the caller's tensors are read,
+    not written."""
+    require_sm90_forward()
+    for head_dim, name in SM90_FWD_BUILT:
+        q, k, v = rand_qkv(2, 150, 190, 4, 2, head_dim, DTYPES[name])
+        q1, k1, v1 = (t[:, :1] for t in (q, k, v))
+        for qx, kx, vx in ((q1.expand_as(q), k, v), (q, k1.expand_as(k), v), (q, k, v1.expand_as(v))):
+            assert 0 in (qx.stride(1), kx.stride(1), vx.stride(1))
+            before = [t.clone() for t in (q1, k1, v1)]
+            out, lse, names = forward_kernel_names(qx, kx, vx, causal=causal)
+            assert any("flashtile::sm90::fwd_kernel" in n for n in names), names
+            check_against_reference(qx, kx, vx, out, lse, causal)
+            assert all(torch.equal(a, b) for a, b in zip(before, (q1, k1, v1)))
+
+
 def test_sm90_forward_several_tiles_per_cta():
     """Without a mask the wgmma forward's grid is persistent, one CTA per SM:
     384 tiles of 128 rows (288 of 192 at d64; the last query block of each

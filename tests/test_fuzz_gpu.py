@@ -2,7 +2,8 @@
 fixed set of cases drawn from one seed, each a test of its own.
 FLASHTILE_FUZZ_SEED and FLASHTILE_FUZZ_CASES draw another set; a failure
 prints its case and seed, and ``python tests/fuzz.py --replay SEED`` reruns
-it alone (on the same build: a seed draws among the built kernels). Cases
+it alone (on the same build and GPU kind: a seed draws among the built
+kernels and the dispatch limits that run here). Cases
 that once failed are kept whole in REGRESSION_CASES. The long tier (10,000 cases and more) runs from fuzz.py's command
 line."""
 
@@ -23,6 +24,7 @@ import fuzz
 SEED = int(os.environ.get("FLASHTILE_FUZZ_SEED", "20261201"))
 CASES = int(os.environ.get("FLASHTILE_FUZZ_CASES", "150"))
 BUILT = fuzz.built_combos()
+ARCHS = fuzz.dispatch_archs()
 # Cases that once failed, kept (as drawn: a seed draws another case under
 # another build): rows of one visible key under dropout, whose dq comes from
 # D read off the rounded out; one key under 1609 rows, dk's fp32 sums; a large
@@ -60,7 +62,7 @@ def _run(case):
 def test_fuzz_case(index):
     if not BUILT:
         pytest.skip("this build has no head dim with both a forward and a backward kernel")
-    _run(fuzz.draw_case(fuzz.case_seed(SEED, index), BUILT))
+    _run(fuzz.draw_case(fuzz.case_seed(SEED, index), BUILT, archs=ARCHS))
 
 
 @pytest.mark.parametrize("fields", REGRESSION_CASES, ids=lambda f: f"{f['form']}-{f['seed']}")
@@ -69,4 +71,7 @@ def test_fuzz_regression(fields):
     kernel_head_dim, dtype, variant = case.kernel().split()[:3]
     if (int(kernel_head_dim[len("hdim"):]), dtype, variant) not in BUILT:
         pytest.skip("the case's kernels are not in this build")
+    if case.arch not in ARCHS:
+        pytest.skip(f"the dispatch limited to {case.arch} runs no forward on this GPU with this build "
+                    "(FLASHTILE_SM80_ON_SM90=ON builds it)")
     _run(case)

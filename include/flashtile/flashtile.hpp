@@ -190,21 +190,31 @@ inline Status not_found(bool built_for_larger_budget) {
   return built_for_larger_budget ? Status::kUnsupportedDevice : Status::kNotBuilt;
 }
 
+// Whether this device runs only launchers with code for it: on a 9.0 device
+// in a build with code for 9.0 (find_sm80).
+inline bool sm90_code_required(const KernelRegistry& registry) {
+  return device_is_sm90() && registry.has_sm90_code();
+}
+
 // The sm80 path's launcher for params, with the tiles for the GPU's shared
 // memory (the largest built budget within dispatch_smem_budget). A build
-// with sm90a compiles the plain kernels that the wgmma kernels replace for
-// its other archs only (CMakeLists.txt): on a 9.0 device, params they would
-// have taken (strides TMA cannot step, or the dispatch limited to sm80) run
-// the score-modifier kernels, which take plain attention too. A build with
-// no sm90 code for either (one without 90a) runs on the driver's JIT
-// compilation of the kernels' compute_80 PTX, as before.
+// with sm90a compiles for its other archs only the sm80 kernels that an
+// H100/H200 does not run (CMakeLists.txt): the forward's, and the plain
+// backward's, whose params (strides TMA cannot step, dropout, or the
+// dispatch limited to sm80) run on a 9.0 device the score-modifier
+// backward, which takes plain attention too. The forward's such params
+// (q, k or v with a row stride of 0, or the dispatch limited to sm80) get
+// nullptr there: the caller copies those tensors first (python/flashtile's
+// _ops.py) or builds with FLASHTILE_SM80_ON_SM90. Only a build with no code
+// for 9.0 at all (one without 90a) runs sm80 kernels on a 9.0 device, on
+// the driver's JIT compilation of their compute_80 PTX.
 template <class Find>
 auto find_sm80(const KernelRegistry& registry, Variant variant, Find find) {
   const bool on_sm90 = device_is_sm90();
   const SmemBudget budget = dispatch_smem_budget(registry);
   auto launch = find(variant, budget, on_sm90);
   if (!launch && on_sm90 && variant == Variant::kPlain) launch = find(Variant::kScoreMod, budget, true);
-  if (!launch && on_sm90) launch = find(variant, budget, false);
+  if (!launch && on_sm90 && !sm90_code_required(registry)) launch = find(variant, budget, false);
   return launch;
 }
 
@@ -225,7 +235,7 @@ inline Status bwd(const BwdParams& p, cudaStream_t stream) {
     return registry.find_bwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, sm90_code_only);
   };
   if (!launch) launch = find_sm80(registry, variant_for(p), find);
-  if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, false) != nullptr);
+  if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, sm90_code_required(registry)) != nullptr);
   return launch(p, stream);
 }
 
@@ -255,7 +265,7 @@ inline Status fwd(const FwdParams& params, cudaStream_t stream) {
     return registry.find_fwd(Arch::kSm80, p.head_dim, p.dtype, variant, budget, sm90_code_only);
   };
   if (!launch) launch = find_sm80(registry, variant_for(p), find);
-  if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, false) != nullptr);
+  if (!launch) return not_found(find(variant_for(p), SmemBudget::k227KB, sm90_code_required(registry)) != nullptr);
   return launch(p, stream);
 }
 

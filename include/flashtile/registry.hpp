@@ -139,6 +139,18 @@ class KernelRegistry {
     return out;
   }
 
+  // Whether any launcher has code for compute capability 9.0: false in a
+  // build without 90a (nor sm80 code compiled for 9.0).
+  bool has_sm90_code() const {
+    for (const FwdEntry& e : fwd_) {
+      if (e.sm90_code) return true;
+    }
+    for (const BwdEntry& e : bwd_) {
+      if (e.sm90_code) return true;
+    }
+    return false;
+  }
+
   // The keys none of whose launchers has code for compute capability 9.0.
   std::vector<KernelKey> keys_without_sm90_code() const {
     std::vector<KernelKey> out;

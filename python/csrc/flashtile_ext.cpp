@@ -141,9 +141,18 @@ void raise_for_status(flashtile::Status status, const char* direction, int head_
                              "; the backward needs the 163 KB of sm80 or the 227 KB of sm90)");
   }
   if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
+    // The sm80 forward, which a build with 90a compiles for its other archs
+    // only (flashtile.hpp's find_sm80): the dispatch limited to sm80 or a
+    // row stride of 0 reaches it on an H100/H200.
+    const bool not_for_sm90 = std::string(direction) == "fwd" &&
+                              flashtile::sm90_code_required(flashtile::KernelRegistry::instance());
     throw std::runtime_error(what + "the kernel for head_dim=" + std::to_string(head_dim) +
                              ", dtype=" + flashtile::dtype_name(dtype) + ", variant=" +
-                             flashtile::variant_name(variant) + " is not built in this flashtile build");
+                             flashtile::variant_name(variant) + " is not built in this flashtile build" +
+                             (not_for_sm90 ? " for compute capability 9.0 on the sm80 path (the dispatch "
+                                             "limited to sm80, or q, k, v with a row stride of 0; "
+                                             "FLASHTILE_SM80_ON_SM90=ON builds it)"
+                                           : ""));
   }
   raise_value_error(what + flashtile::status_string(status) + " (head_dim=" +
                     std::to_string(head_dim) + ", dtype=" + flashtile::dtype_name(dtype) + ")");
@@ -733,7 +742,7 @@ NB_MODULE(_C, m) {
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
   m.def("kernels_without_sm90_code", &kernels_without_sm90_code,
-        "The built_kernels() entries compiled without code for compute capability 9.0: the sm80 plain "
-        "kernels that the wgmma kernels replace, in a build with 90a (FLASHTILE_SM80_ON_SM90). "
-        "An H100/H200 runs the sm80 scoremod kernels in their place.");
+        "The built_kernels() entries compiled without code for compute capability 9.0: in a build with "
+        "90a, the sm80 kernels that an H100/H200 does not run, the forward's and the plain backward's "
+        "(FLASHTILE_SM80_ON_SM90 builds them for it).");
 }

@@ -33,7 +33,8 @@ Order of the checks
 
 Any memory layout is accepted, as flash_attn does: the ops copy a tensor
 whose last dim is not contiguous, or whose start or other strides are not
-16-byte aligned, into a fresh contiguous one before the launch (_ops.py).
+16-byte aligned (in the forward also one whose rows have stride 0), into a
+fresh contiguous one before the launch (_ops.py).
 
 Placement comes last on purpose: a tensor that is wrong in any other way gets
 the error that names that, whatever device it lives on, so the CPU suite can

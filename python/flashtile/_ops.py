@@ -36,7 +36,8 @@ gets DLPack capsules from ``torch.utils.dlpack.to_dlpack``, not tensors
 Arguments are assumed validated (``_checks``); the ops themselves check only
 what tracing cannot see, the device's compute capability, and copy a tensor
 the kernels cannot read in place (a last dim that is not contiguous, a start
-or a stride that is not a multiple of 16 bytes) into a fresh contiguous one.
+or a stride that is not a multiple of 16 bytes; in the forward also rows of
+stride 0) into a fresh contiguous one.
 ``run_fwd`` and ``run_bwd`` run the kernels into caller-allocated
 outputs (the ops allocate theirs; the flash_attn compatibility layer passes
 the caller's).
@@ -193,7 +194,7 @@ def run_fwd(q, k, v, out, lse, attn_probs, softmax_scale, causal, window_left=-1
             attn_probs.zero_()
         return
     _check_device_capability(q.device)
-    q, k, v = (_kernel_ready(t) for t in (q, k, v))
+    q, k, v = (_fwd_ready(t) for t in (q, k, v))
     # Tiles of uneven work (causal, windows, varlen) are handed out from a
     # device counter on a persistent grid by the sm90 forward.
     uneven = causal or window_left >= 0 or window_right >= 0 or cu_seqlens_q is not None
@@ -312,6 +313,17 @@ def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
     """t, or a fresh contiguous copy of it where the kernels cannot read it in
     place (.contiguous() alone would keep a contiguous but misaligned view)."""
     return t if vector_friendly(t) else torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _fwd_ready(t: torch.Tensor) -> torch.Tensor:
+    """_kernel_ready(t) for the forward, which copies rows of stride 0 too
+    (t expanded along the sequence): the H100/H200 forward reads rows through
+    TMA, which steps no stride of 0, and a build with 90a has no other forward
+    for those GPUs (flashtile.hpp's find_sm80). Heads or batch of stride 0
+    it reads in place."""
+    if t.shape[-3] > 1 and t.stride(-3) == 0:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return _kernel_ready(t)
 
 
 def _bwd_cuda(

@@ -364,6 +364,11 @@ int main() {
            "a launcher without sm90 code is found except where sm90 code is asked for");
     expect(registry.keys_without_sm90_code().size() == 1 && registry.keys_without_sm90_code()[0] == plain,
            "keys_without_sm90_code lists it");
+    expect(!registry.has_sm90_code(), "a registry of such launchers alone has no sm90 code (a build without 90a)");
+    const flashtile::KernelKey wgmma{flashtile::Direction::kFwd, flashtile::Arch::kSm90, 64, flashtile::DType::kBf16,
+                                     flashtile::Variant::kPlain};
+    registry.add_fwd(wgmma, launch, flashtile::SmemBudget::k227KB);
+    expect(registry.has_sm90_code(), "with an sm90 launcher it has");
     expect(flashtile::arch_listed({800, 900}, 900) && !flashtile::arch_listed({800}, 900),
            "arch_listed finds 900 in nvcc's arch list");
   }

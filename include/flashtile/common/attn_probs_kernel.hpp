@@ -22,8 +22,9 @@
 
 namespace flashtile {
 
-// params' window must already have causal folded in (resolve_mask).
-template <class Element>
+// params' window must already have causal folded in (resolve_mask). kPath:
+// the arch of the forward that launches it (launch_attn_probs).
+template <class Element, int kPath>
 __global__ void __launch_bounds__(32) attn_probs_kernel(const __grid_constant__ FwdParams params) {
   const int lane = threadIdx.x;
   const int row = int(blockIdx.y) * 16 + lane / 4;  // the lane's first score: (row, col)
@@ -75,12 +76,16 @@ __global__ void __launch_bounds__(32) attn_probs_kernel(const __grid_constant__ 
 }
 
 // Launches attn_probs_kernel over attn_probs' (rows, cols) for every (batch,
-// head); can_implement_fwd bounds the grid.
-template <class Element>
+// head); can_implement_fwd bounds the grid. kPath is the calling forward's
+// arch (80: sm80/, 90: sm90/). A build with 90a compiles the two paths'
+// files for different archs (CMakeLists.txt), and of a launcher that files
+// instantiate alike the linker keeps one copy, which launches its own
+// file's kernel: one shared by both paths would lack the other's code.
+template <class Element, int kPath>
 Status launch_attn_probs(const FwdParams& params, cudaStream_t stream) {
   const dim3 grid((params.attn_probs_cols + 7) / 8, (params.attn_probs_rows + 15) / 16,
                   params.batch * params.nheads);
-  attn_probs_kernel<Element><<<grid, 32, 0, stream>>>(params);
+  attn_probs_kernel<Element, kPath><<<grid, 32, 0, stream>>>(params);
   return cudaPeekAtLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError;
 }
 

@@ -113,7 +113,7 @@ Status run_fwd(const FwdParams& params, cudaStream_t stream) {
   }
   if constexpr (kScoreMod) {
     // Testing only: the probabilities, from the forward's lse.
-    if (status == Status::kSuccess && p.attn_probs != nullptr) status = launch_attn_probs<Element>(p, stream);
+    if (status == Status::kSuccess && p.attn_probs != nullptr) status = launch_attn_probs<Element, 80>(p, stream);
   }
   return status;
 }

@@ -72,7 +72,7 @@ Status launch_fwd_for_mask(const FwdParams& params, typename ScoreModT::Argument
     const Status status = p.dropout_p > 0.f ? launch_batch(std::true_type{}) : launch_batch(std::false_type{});
     // Testing only: the probabilities, from the forward's lse.
     if (status != Status::kSuccess || p.attn_probs == nullptr) return status;
-    return launch_attn_probs<Element>(p, stream);
+    return launch_attn_probs<Element, 90>(p, stream);
   } else {
     return launch_batch(std::false_type{});
   }
