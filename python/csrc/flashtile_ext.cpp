@@ -141,17 +141,20 @@ void raise_for_status(flashtile::Status status, const char* direction, int head_
                              "; the backward needs the 163 KB of sm80 or the 227 KB of sm90)");
   }
   if (status == flashtile::Status::kNotBuilt) {  // RuntimeError, like the Python layer's check
-    // The sm80 forward, which a build with 90a compiles for its other archs
-    // only (flashtile.hpp's find_sm80): the dispatch limited to sm80 or a
-    // row stride of 0 reaches it on an H100/H200.
-    const bool not_for_sm90 = std::string(direction) == "fwd" &&
+    // A build with 90a compiles for its other archs only the sm80 kernels an
+    // H100/H200 does not run, and the tiles of smaller shared-memory budgets
+    // (flashtile.hpp's find_sm80): a dispatch limit or a row stride of 0 can
+    // still ask for them there.
+    const std::string dir(direction);
+    const bool not_for_sm90 = (dir == "fwd" || dir == "bwd") &&
                               flashtile::sm90_code_required(flashtile::KernelRegistry::instance());
     throw std::runtime_error(what + "the kernel for head_dim=" + std::to_string(head_dim) +
                              ", dtype=" + flashtile::dtype_name(dtype) + ", variant=" +
                              flashtile::variant_name(variant) + " is not built in this flashtile build" +
-                             (not_for_sm90 ? " for compute capability 9.0 on the sm80 path (the dispatch "
-                                             "limited to sm80, or q, k, v with a row stride of 0; "
-                                             "FLASHTILE_SM80_ON_SM90=ON builds it)"
+                             (not_for_sm90 ? " for this H100/H200's sm90 on the sm80 path (a dispatch limited to "
+                                             "sm80 or to a smaller shared-memory budget, or q, k, v with rows of "
+                                             "stride 0; FLASHTILE_SM80_ON_SM90 and FLASHTILE_SMEM_BUDGETS, "
+                                             "docs/build.md)"
                                            : ""));
   }
   raise_value_error(what + flashtile::status_string(status) + " (head_dim=" +
