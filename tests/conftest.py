@@ -23,5 +23,9 @@ def pytest_configure(config):
     budget = os.environ.get("FLASHTILE_TEST_SMEM_BUDGET")
     if budget:
         from flashtile import _C
+        from kernel_names import budget_tiles_run_here
 
+        if torch.cuda.is_available() and not budget_tiles_run_here(int(budget)):
+            pytest.exit(f"FLASHTILE_TEST_SMEM_BUDGET={budget}: this build compiles those tiles for other GPUs than "
+                        "this H100/H200 only; build with FLASHTILE_CUDA_ARCHS=90a (tests/README.md)", returncode=4)
         _C.limit_smem_budget(int(budget))

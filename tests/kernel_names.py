@@ -49,6 +49,16 @@ def sm80_forward_runs_here():
                for entry in _C.built_kernels())
 
 
+def budget_tiles_run_here(kb):
+    """Whether the sm80 path's tiles for kb KB of shared memory (_C.limit_smem_budget)
+    run on this GPU: anywhere but on an H100/H200 with a build that compiled
+    them for its other archs only (a build with 80 and 90a), where the
+    dispatch runs no kernel without sm90 code."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return True
+    return any(tuned == kb and sm90_code for *_, tuned, sm90_code in _C.built_smem_budgets())
+
+
 @contextlib.contextmanager
 def sm80_kernels_only():
     """The dispatch limited to the sm80 (mma.sync) kernels, on any GPU: for

@@ -14,7 +14,7 @@ import torch
 
 import flashtile
 from flashtile import _C
-from kernel_names import cuda_kernel_names, forced_smem_budget, fwd_tile_of
+from kernel_names import budget_tiles_run_here, cuda_kernel_names, forced_smem_budget, fwd_tile_of
 from reference import assert_close_fa_rule, attention_ref
 import test_dropout_gpu
 from test_backward_gpu import DTYPES, check_grads, flash_grads, rand_qkv, require_built
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 # (direction, head_dim, dtype name, kb) of each launcher tuned for a budget
 # below the default 227 KB, plain variant.
-BUDGET_LAUNCHERS = sorted({(d, hd, dn, tuned) for d, hd, dn, variant, needs, tuned in _C.built_smem_budgets()
+BUDGET_LAUNCHERS = sorted({(d, hd, dn, tuned) for d, hd, dn, variant, needs, tuned, _ in _C.built_smem_budgets()
                            if variant == "plain" and tuned < 227})
 BWD_CASES = [(hd, dn, kb) for d, hd, dn, kb in BUDGET_LAUNCHERS if d == "bwd"]
 FWD_CASES = [(hd, dn, kb) for d, hd, dn, kb in BUDGET_LAUNCHERS if d == "fwd"]
@@ -40,6 +40,9 @@ BUDGET_INDEX = {99: 0, 163: 1, 227: 2}  # SmemBudget's values
 def smem_budget(kb):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < kb * 1024:
         pytest.skip(f"this GPU offers less than {kb} KB of shared memory per block")
+    if not budget_tiles_run_here(kb):
+        pytest.skip(f"this build compiles the {kb} KB tiles for other GPUs than this H100/H200 only "
+                    "(tests/README.md: FLASHTILE_CUDA_ARCHS=90a with FLASHTILE_SMEM_BUDGETS builds them for it)")
     _C.limit_smem_budget(kb)
     try:
         yield

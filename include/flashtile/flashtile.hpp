@@ -203,7 +203,8 @@ inline bool sm90_code_required(const KernelRegistry& registry) {
 // backward's, whose params (strides TMA cannot step, dropout, or the
 // dispatch limited to sm80) run on a 9.0 device the score-modifier
 // backward, which takes plain attention too. The forward's such params
-// (q, k or v with a row stride of 0, or the dispatch limited to sm80) get
+// (q, k or v with a row stride of 0, the dispatch limited to sm80 or to a
+// smaller budget, whose tiles such a build compiles for sm80 alone) get
 // nullptr there: the caller copies those tensors first (python/flashtile's
 // _ops.py) or builds with FLASHTILE_SM80_ON_SM90. Only a build with no code
 // for 9.0 at all (one without 90a) runs sm80 kernels on a 9.0 device, on

@@ -166,16 +166,18 @@ class KernelRegistry {
   struct LauncherBudget {
     SmemBudget needs;
     SmemBudget tuned_for;
+    bool sm90_code;
   };
 
-  // What each of a key's launchers needs and was tuned for.
+  // What each of a key's launchers needs and was tuned for, and whether it
+  // has code for compute capability 9.0.
   std::vector<LauncherBudget> budgets(const KernelKey& key) const {
     std::vector<LauncherBudget> out;
     for (const FwdEntry& e : fwd_) {
-      if (e.key == key) out.push_back({e.needs, e.tuned_for});
+      if (e.key == key) out.push_back({e.needs, e.tuned_for, e.sm90_code});
     }
     for (const BwdEntry& e : bwd_) {
-      if (e.key == key) out.push_back({e.needs, e.tuned_for});
+      if (e.key == key) out.push_back({e.needs, e.tuned_for, e.sm90_code});
     }
     return out;
   }

@@ -610,7 +610,7 @@ std::vector<KeyRow> kernels_without_sm90_code() {
 // (direction, head_dim, dtype, variant, needs KB, tuned-for KB) for each
 // SM80-path launcher: the shared memory per block its kernels need and the
 // budget its tiles were chosen for (smem_budget.hpp, registry.hpp).
-using LauncherBudgetRow = std::tuple<std::string, int, std::string, std::string, int, int>;
+using LauncherBudgetRow = std::tuple<std::string, int, std::string, std::string, int, int, bool>;
 std::vector<LauncherBudgetRow> built_smem_budgets() {
   std::vector<LauncherBudgetRow> out;
   const flashtile::KernelRegistry& registry = flashtile::KernelRegistry::instance();
@@ -619,7 +619,7 @@ std::vector<LauncherBudgetRow> built_smem_budgets() {
     for (const flashtile::KernelRegistry::LauncherBudget& budget : registry.budgets(key)) {
       out.emplace_back(flashtile::direction_name(key.direction), key.head_dim, flashtile::dtype_name(key.dtype),
                        flashtile::variant_name(key.variant), flashtile::smem_budget_kb(budget.needs),
-                       flashtile::smem_budget_kb(budget.tuned_for));
+                       flashtile::smem_budget_kb(budget.tuned_for), budget.sm90_code);
     }
   }
   return out;
@@ -738,9 +738,10 @@ NB_MODULE(_C, m) {
         "per block (99: sm86/sm89/sm120, 163: A100), running the sm80 path's tiles for that budget "
         "and no sm90 kernel; 227 (the default) lifts the limit. Process-wide.");
   m.def("built_smem_budgets", &built_smem_budgets,
-        "(direction, head_dim, dtype, variant, needs_kb, tuned_kb) for each sm80-path instantiation: the "
-        "shared memory per block its kernels need, and the budget (the GPU class) its tiles were chosen "
-        "for; the dispatch prefers the one tuned for the GPU's budget.");
+        "(direction, head_dim, dtype, variant, needs_kb, tuned_kb, sm90_code) for each sm80-path "
+        "instantiation: the shared memory per block its kernels need, the budget (the GPU class) its tiles "
+        "were chosen for (the dispatch prefers the one tuned for the GPU's budget), and whether its kernels "
+        "have code for compute capability 9.0.");
   m.attr("smem_budgets_built") = nb::cast(smem_budgets_built());
   m.def("built_kernels", &built_kernels,
         "The (direction, arch, head_dim, dtype, variant) instantiations this build contains.");
