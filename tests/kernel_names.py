@@ -37,12 +37,23 @@ def forced_smem_budget():
     return int(budget) if budget else None
 
 
+def sm90_code_required():
+    """Whether the dispatch runs only kernels with code for this GPU's sm90:
+    on an H100/H200 with a build that has any (one with 90a; flashtile.hpp's
+    sm90_code_required). A build without 90a runs its sm80 kernels there on
+    the driver's JIT compilation of their PTX."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return False
+    without = {tuple(entry) for entry in _C.kernels_without_sm90_code()}
+    return any(tuple(entry) not in without for entry in _C.built_kernels())
+
+
 def sm80_forward_runs_here():
     """Whether a forward with the dispatch limited to sm80 can run on this
     GPU: anywhere but on an H100/H200 with a build that compiled the sm80
     forward for its other archs only (FLASHTILE_SM80_ON_SM90 off, the
     default: its wgmma forward takes every call there)."""
-    if torch.cuda.get_device_capability() != (9, 0):
+    if not sm90_code_required():
         return True
     without = {tuple(entry) for entry in _C.kernels_without_sm90_code()}
     return any(entry[0] == "fwd" and entry[1] == "sm80" and tuple(entry) not in without
@@ -54,7 +65,7 @@ def budget_tiles_run_here(kb):
     run on this GPU: anywhere but on an H100/H200 with a build that compiled
     them for its other archs only (a build with 80 and 90a), where the
     dispatch runs no kernel without sm90 code."""
-    if torch.cuda.get_device_capability() != (9, 0):
+    if not sm90_code_required():
         return True
     return any(tuned == kb and sm90_code for *_, tuned, sm90_code in _C.built_smem_budgets())
 
