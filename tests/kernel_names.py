@@ -37,15 +37,18 @@ def forced_smem_budget():
     return int(budget) if budget else None
 
 
+def kernels_with_sm90_code():
+    """The built_kernels() entries with code for compute capability 9.0."""
+    without = {tuple(entry) for entry in _C.kernels_without_sm90_code()}
+    return [tuple(entry) for entry in _C.built_kernels() if tuple(entry) not in without]
+
+
 def sm90_code_required():
     """Whether the dispatch runs only kernels with code for this GPU's sm90:
     on an H100/H200 with a build that has any (one with 90a; flashtile.hpp's
     sm90_code_required). A build without 90a runs its sm80 kernels there on
     the driver's JIT compilation of their PTX."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        return False
-    without = {tuple(entry) for entry in _C.kernels_without_sm90_code()}
-    return any(tuple(entry) not in without for entry in _C.built_kernels())
+    return torch.cuda.get_device_capability() == (9, 0) and bool(kernels_with_sm90_code())
 
 
 def sm80_forward_runs_here():
@@ -53,11 +56,7 @@ def sm80_forward_runs_here():
     GPU: anywhere but on an H100/H200 with a build that compiled the sm80
     forward for its other archs only (FLASHTILE_SM80_ON_SM90 off, the
     default: its wgmma forward takes every call there)."""
-    if not sm90_code_required():
-        return True
-    without = {tuple(entry) for entry in _C.kernels_without_sm90_code()}
-    return any(entry[0] == "fwd" and entry[1] == "sm80" and tuple(entry) not in without
-               for entry in _C.built_kernels())
+    return not sm90_code_required() or any(d == "fwd" and arch == "sm80" for d, arch, *_ in kernels_with_sm90_code())
 
 
 def budget_tiles_run_here(kb):
