@@ -607,9 +607,10 @@ std::vector<KeyRow> kernels_without_sm90_code() {
   return key_rows(flashtile::KernelRegistry::instance().keys_without_sm90_code());
 }
 
-// (direction, head_dim, dtype, variant, needs KB, tuned-for KB) for each
-// SM80-path launcher: the shared memory per block its kernels need and the
-// budget its tiles were chosen for (smem_budget.hpp, registry.hpp).
+// (direction, head_dim, dtype, variant, needs KB, tuned-for KB, sm90 code)
+// for each SM80-path launcher: the shared memory per block its kernels
+// need, the budget its tiles were chosen for (smem_budget.hpp,
+// registry.hpp), and whether they have code for compute capability 9.0.
 using LauncherBudgetRow = std::tuple<std::string, int, std::string, std::string, int, int, bool>;
 std::vector<LauncherBudgetRow> built_smem_budgets() {
   std::vector<LauncherBudgetRow> out;
