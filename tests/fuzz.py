@@ -10,14 +10,14 @@ the softmax scale, odd layouts (non-contiguous, padded rows, misaligned
 starts, a last dim with stride 2), ``deterministic`` and the dispatch arch
 (with "sm80" the sm90 wgmma kernels are skipped, so one H100/H200 runs every
 path; drawn on an H100/H200 only with a build that compiles the sm80 forward
-for it, FLASHTILE_SM80_ON_SM90). It then checks out, the logsumexp and dq,
-dk, dv against attention in float64 with FlashAttention's rule (error at most twice PyTorch's own error in
-the input dtype, plus a slack at fp32 rounding), rows that see no key (out and
-dq exactly 0, lse -inf), keys no row sees (dk, dv exactly 0), dropout through
-the pattern S_dmask reports (its signs are the mask, its magnitudes the
-unnormalized probabilities) or, in the dense low-level form, which asks for
-no S_dmask, through the documented mask of the seed in its rng_state, and
-the deterministic backward's bits over two runs.
+for it, FLASHTILE_SM80_ON_SM90). It then checks out, the logsumexp and dq, dk,
+dv against attention in float64 with FlashAttention's rule (error at most
+twice PyTorch's own error in the input dtype, plus a slack at fp32 rounding),
+rows that see no key (out and dq exactly 0, lse -inf), keys no row sees (dk,
+dv exactly 0), dropout through the pattern S_dmask reports (its signs are the
+mask, its magnitudes the unnormalized probabilities) or, in the dense
+low-level form, which asks for no S_dmask, through the documented mask of the
+seed in its rng_state, and the deterministic backward's bits over two runs.
 
 The fast tier runs in the GPU suite (test_fuzz_gpu.py); the long tier:
 
