@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import flashtile  # noqa: E402
 from bench_attention import TOKENS, run_metadata, sweep_nheads, time_ms  # noqa: E402
+from kernel_names import sm80_forward_runs_here  # noqa: E402
 from plot_results import write_results  # noqa: E402
 from reference import alibi_bias, causal_mask  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -111,11 +112,9 @@ def main(argv=None) -> int:
     parser.add_argument("--mma-sync", action="store_true",
                         help="also time each flashtile case on the mma.sync (sm80) kernels")
     args = parser.parse_args(argv)
-    if args.mma_sync and torch.cuda.get_device_capability() == (9, 0):
-        without = {tuple(e) for e in flashtile._C.kernels_without_sm90_code()}
-        if not any(e[0] == "fwd" and e[1] == "sm80" and tuple(e) not in without for e in flashtile._C.built_kernels()):
-            parser.error("--mma-sync: this build has no sm80 forward for this H100/H200 "
-                         "(rebuild with FLASHTILE_SM80_ON_SM90=ON)")
+    if args.mma_sync and not sm80_forward_runs_here():
+        parser.error("--mma-sync: this build has no sm80 forward for this H100/H200 "
+                     "(rebuild with FLASHTILE_SM80_ON_SM90=ON)")
     dtype, hdim, nheads = torch.bfloat16, args.hdim, sweep_nheads(args.hdim)
     slopes = alibi_slopes(nheads)
     mods = {"flashtile": (0.0, None), "flashtile_softcap": (SOFTCAP, None),
