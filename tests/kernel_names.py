@@ -116,11 +116,10 @@ def require_sm80_plain_here(direction, head_dim):
     in the backward the scoremod ones run in their place)."""
     import pytest
 
-    if torch.cuda.get_device_capability() != (9, 0):
+    if not sm90_code_required():
         return
-    def keys(entries):
-        return {(d, int(hd)) for d, arch, hd, _dt, variant in entries if arch == "sm80" and variant == "plain"}
-    here = keys(_C.built_kernels()) - keys(_C.kernels_without_sm90_code())
+    here = {(d, int(hd)) for d, arch, hd, _dt, variant in kernels_with_sm90_code()
+            if arch == "sm80" and variant == "plain"}
     if (direction, head_dim) not in here:
         pytest.skip(f"the sm80 plain {direction} of d{head_dim} is not built for sm90 here "
                     "(FLASHTILE_SM80_ON_SM90=ON builds it)")
